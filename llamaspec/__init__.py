@@ -1,0 +1,47 @@
+"""llamaspec: faster local generation with llama.cpp models, same output.
+
+    >>> import llamaspec
+    >>> spec = llamaspec.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
+    >>> result = spec.generate("def fib(n):", max_tokens=64, temperature=0)
+    >>> result.text, result.stats.accept
+"""
+
+from .api import Chunk, LlamaSpec, Result, load
+from .config import DraftConfig, GenerationConfig, ModelConfig, SamplingConfig
+from .errors import (
+    ConfigError,
+    DecodeError,
+    FetchError,
+    LlamaspecError,
+    ModelError,
+    PromptError,
+    UnknownModelError,
+    VocabMismatchError,
+)
+from .models import cache_dir, default_pair, fetch, load_registry, resolve_model
+from .stats import Stats
+
+__all__ = [
+    "Chunk",
+    "ConfigError",
+    "DecodeError",
+    "DraftConfig",
+    "FetchError",
+    "GenerationConfig",
+    "LlamaSpec",
+    "LlamaspecError",
+    "ModelConfig",
+    "ModelError",
+    "PromptError",
+    "Result",
+    "SamplingConfig",
+    "Stats",
+    "UnknownModelError",
+    "VocabMismatchError",
+    "cache_dir",
+    "default_pair",
+    "fetch",
+    "load",
+    "load_registry",
+    "resolve_model",
+]

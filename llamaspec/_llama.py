@@ -1,0 +1,355 @@
+"""The one module that calls llama.cpp: models, contexts, batches, the KV cache.
+
+Everything else in llamaspec works with the small classes here and never touches ctypes.
+Only llama-cpp-python's public low-level API (``llama_cpp.llama_cpp``) is used.
+Failures come back as llamaspec errors: a model that does not load raises ModelError,
+a failed ``llama_decode`` or a refused partial ``llama_memory_seq_rm`` raises DecodeError.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Deque, Iterable, List, Optional, Sequence
+
+import numpy as np
+import llama_cpp.llama_cpp as ll
+
+from .errors import DecodeError, ModelError
+
+# llama.cpp writes its log through one process-wide callback. We keep the last lines so a
+# failed load can say why, and print them only when LLAMASPEC_VERBOSE is set.
+_log_lines: Deque[str] = collections.deque(maxlen=50)
+_init_lock = threading.Lock()
+_initialized = False
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _log_lines.append(line)
+    if os.environ.get("LLAMASPEC_VERBOSE"):
+        sys.stderr.write(line)
+
+
+def _ensure_backend() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _initialized = True
+
+
+def _last_log_error() -> str:
+    errors = [l.strip() for l in _log_lines if "error" in l.lower() or "failed" in l.lower()]
+    return errors[-1] if errors else ""
+
+
+def check_gguf(path: Path) -> None:
+    """Raise ModelError unless ``path`` is a complete GGUF file (cheap: reads the header only)."""
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as e:  # the reader raises assorted errors on a cut-off file
+        raise ModelError(f"truncated or corrupt GGUF file ({type(e).__name__}): {path}") from None
+    size = path.stat().st_size
+    if end > size:
+        raise ModelError(f"truncated GGUF file ({size} of {end} bytes): {path}")
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
+        _ensure_backend()
+        check_gguf(path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
+        _log_lines.clear()
+        ptr = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            reason = _last_log_error() or "llama.cpp could not load it"
+            raise ModelError(f"failed to load model {path}: {reason}")
+        self.path = path
+        self._ptr = ptr
+        self._vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
+        self._pieces: dict = {}
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- metadata -------------------------------------------------------------------
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> Optional[str]:
+        tmpl = ll.llama_model_chat_template(self._ptr, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def meta(self, key: str) -> Optional[str]:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    # --- vocabulary -----------------------------------------------------------------
+    @property
+    def vocab_type(self) -> int:
+        return ll.llama_vocab_type(self._vocab)
+
+    @property
+    def bos(self) -> int:
+        return ll.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self) -> int:
+        return ll.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_eos(self._vocab))
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token, special tokens rendered as text (as llama.cpp's programs print)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+class Batch:
+    """A llama_batch with numpy views on its arrays, filled without per-token ctypes calls."""
+
+    def __init__(self, capacity: int, n_seq_max: int = 1) -> None:
+        self.capacity = capacity
+        self._b = ll.llama_batch_init(capacity, 0, n_seq_max)
+        b = self._b
+        self.token = np.ctypeslib.as_array(b.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(capacity,))
+        self.n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(b.logits, shape=(capacity,))
+        self.seq_id = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(capacity)]
+        self.n_tokens = 0
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_ids: Sequence[int] = (0,), logits: bool = False) -> None:
+        i = self.n_tokens
+        if i >= self.capacity:
+            raise DecodeError(f"batch overflow: capacity {self.capacity}")
+        self.token[i] = token
+        self.pos[i] = pos
+        self.n_seq_id[i] = len(seq_ids)
+        self.seq_id[i][: len(seq_ids)] = seq_ids
+        self.logits[i] = logits
+        self.n_tokens = i + 1
+
+    def set_sequence(self, tokens: Sequence[int], start: int, logits: str = "all") -> None:
+        """Fill with consecutive tokens of sequence 0; logits "all", "last" or "none"."""
+        n = len(tokens)
+        if n > self.capacity:
+            raise DecodeError(f"batch overflow: {n} tokens, capacity {self.capacity}")
+        self.token[:n] = tokens
+        self.pos[:n] = np.arange(start, start + n)
+        self.n_seq_id[:n] = 1
+        for i in range(n):
+            self.seq_id[i][0] = 0
+        self.logits[:n] = logits == "all"
+        if logits == "last" and n:
+            self.logits[n - 1] = 1
+        self.n_tokens = n
+
+    def free(self) -> None:
+        if self._b is not None:
+            ll.llama_batch_free(self._b)
+            self._b = None
+
+    def __del__(self) -> None:
+        self.free()
+
+
+class Context:
+    """A llama_context with its KV cache. ``tokens`` mirrors sequence 0 of the cache.
+
+    The invariant kept by every method: sequence 0 holds exactly ``tokens`` at positions
+    0 .. len(tokens) - 1.
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512,
+                 n_seq_max: int = 1) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.swa_full = True  # rolling back rejected tokens needs the whole SWA window
+        params.kv_unified = True  # sequences share cells (lookahead copies prefixes between them)
+        params.no_perf = True
+        _log_lines.clear()
+        ptr = ll.llama_init_from_model(model._ptr, params)
+        if not ptr:
+            reason = _last_log_error() or "llama.cpp refused the context parameters"
+            raise ModelError(f"failed to create a context of {n_ctx} tokens for {model.path}: {reason}")
+        self.model = model
+        self._ptr = ptr
+        self._mem = ll.llama_get_memory(ptr)
+        self.n_ctx: int = ll.llama_n_ctx(ptr)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.batch = Batch(n_batch, n_seq_max)
+        self.tokens: List[int] = []
+
+    def close(self) -> None:
+        if self._ptr:
+            self.batch.free()
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- decoding -------------------------------------------------------------------
+    def decode(self, batch: Optional[Batch] = None) -> None:
+        """Run llama_decode on ``batch`` (default: this context's own batch)."""
+        b = batch or self.batch
+        b._b.n_tokens = b.n_tokens
+        rc = ll.llama_decode(self._ptr, b._b)
+        if rc != 0:
+            reasons = {1: "no free slot in the KV cache (context full)", 2: "aborted",
+                       -1: "invalid batch"}
+            raise DecodeError(f"llama_decode failed with code {rc}: {reasons.get(rc, 'internal error')}")
+
+    def eval(self, tokens: Sequence[int], logits: str = "none") -> None:
+        """Append ``tokens`` to sequence 0, in chunks of n_batch.
+
+        With ``logits="all"`` the whole run must fit in one batch (the rows are read back
+        with :meth:`logits`); ``"last"`` keeps the last token's row.
+        """
+        if logits == "all" and len(tokens) > self.n_batch:
+            raise DecodeError(f"{len(tokens)} tokens with logits do not fit a batch of {self.n_batch}")
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            self.batch.set_sequence(chunk, len(self.tokens), logits if last_chunk else "none")
+            self.decode()
+            self.tokens.extend(chunk)
+
+    def logits(self, n_rows: int) -> np.ndarray:
+        """A (n_rows, n_vocab) float32 view of the last decode's output rows (no copy)."""
+        ptr = ll.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        """The logits of batch row ``i`` (negative counts from the end), a view."""
+        ptr = ll.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise DecodeError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    # --- KV cache -------------------------------------------------------------------
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache."""
+        if n < len(self.tokens):
+            self.seq_rm(0, n, -1)
+            del self.tokens[n:]
+
+    def sync(self, tokens: Sequence[int], n: int) -> int:
+        """Make sequence 0 hold exactly ``tokens[:n]``: keep the common prefix, evaluate the rest.
+
+        Returns how many tokens were evaluated.
+        """
+        m = min(len(self.tokens), n)
+        keep = m if self.tokens[:m] == list(tokens[:m]) else common_prefix(self.tokens, tokens)
+        self.truncate(keep)
+        self.eval(tokens[keep:n])
+        return n - keep
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise DecodeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        ll.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        ll.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
+
+    def pos_max(self, seq: int = 0) -> int:
+        return ll.llama_memory_seq_pos_max(self._mem, seq)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def system_info() -> str:
+    _ensure_backend()
+    return ll.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())

@@ -1,0 +1,128 @@
+"""Draft sources. Every strategy is a Drafter: it proposes tokens and learns what was accepted.
+
+"No proposal" is always a valid answer: the engine then decodes one token plainly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Protocol, Sequence
+
+import numpy as np
+
+from ._llama import Context
+from .config import DraftConfig, SamplingConfig
+from .sampling import Distribution, sample, transform
+
+
+@dataclass
+class Proposal:
+    """Draft tokens, and for sampled drafts the distribution q each one was drawn from.
+
+    ``q`` is None for deterministic drafts (q is a point mass on the drafted token).
+    """
+
+    tokens: List[int] = field(default_factory=list)
+    q: Optional[List[Distribution]] = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def contexts(self) -> List[Context]:
+        """The llama.cpp contexts this drafter owns (the engine keeps their caches in step)."""
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """A new prompt: ``tokens[-1]`` is pending, everything before it is accepted."""
+
+    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        """Up to ``max_len`` tokens to follow ``tokens``."""
+
+    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        """The step is over: ``tokens`` is the accepted sequence, its last token pending."""
+
+
+class NoDrafter:
+    """Plain decoding: never proposes."""
+
+    name = "plain"
+
+    def contexts(self) -> List[Context]:
+        return []
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        return Proposal()
+
+    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        pass
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits), without materialising the softmax."""
+    m = logits.max()
+    return float(1.0 / np.exp(logits - m).sum())
+
+
+class DraftModelDrafter:
+    """A small model with the target's vocabulary drafts autoregressively.
+
+    Its cache holds exactly the accepted tokens but the pending one, like the target's.
+    """
+
+    name = "draft"
+
+    def __init__(self, ctx: Context, config: DraftConfig) -> None:
+        self.ctx = ctx
+        self.config = config
+
+    def contexts(self) -> List[Context]:
+        return [self.ctx]
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.ctx.sync(tokens, len(tokens) - 1)
+
+    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        cfg = self.config
+        max_len = min(max_len, cfg.draft_max, self.ctx.n_ctx - len(tokens))
+        if max_len < max(1, cfg.draft_min):
+            return Proposal()
+        drafted: List[int] = []
+        qs: List[Distribution] = []
+        self.ctx.sync(tokens, len(tokens) - 1)
+        self.ctx.eval(tokens[-1:], logits="last")
+        while True:
+            logits = self.ctx.logits_ith(-1)
+            if sampling.greedy:
+                x = int(logits.argmax())
+                confidence = top_probability(logits) if cfg.draft_p_min > 0 else 1.0
+            else:
+                q = transform(logits, sampling)
+                # Stop on q's top probability, not on the drawn token's: the decision must not
+                # depend on x, or x would no longer be distributed as q.
+                confidence = float(q.probs.max())
+                x = sample(q, rng)
+                qs.append(q)
+            if confidence < cfg.draft_p_min:
+                qs = qs[: len(drafted)]
+                break
+            drafted.append(x)
+            if len(drafted) == max_len:
+                break
+            self.ctx.eval([x], logits="last")
+        if len(drafted) < cfg.draft_min:
+            return Proposal()
+        return Proposal(drafted, None if sampling.greedy else qs)
+
+    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        # Drop rejected drafts; after a fully accepted draft, catch up on its last token,
+        # which the draft proposed but never evaluated.
+        self.ctx.sync(tokens, len(tokens) - 1)

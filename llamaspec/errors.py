@@ -1,0 +1,39 @@
+"""The exceptions llamaspec raises for problems a user can fix.
+
+Every error meant for a user derives from :class:`LlamaspecError`; its message is one
+line that says what is wrong and with what. The CLI prints that line and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class LlamaspecError(Exception):
+    """Base class of every user-facing llamaspec error."""
+
+
+class ConfigError(LlamaspecError, ValueError):
+    """A parameter is out of range or parameters contradict each other."""
+
+
+class ModelError(LlamaspecError):
+    """A model file is missing, is not GGUF, is truncated or failed to load."""
+
+
+class UnknownModelError(ModelError):
+    """A name is neither a file nor a model listed in models.txt."""
+
+
+class FetchError(LlamaspecError):
+    """A model could not be downloaded, assembled or verified."""
+
+
+class VocabMismatchError(LlamaspecError):
+    """The draft model's vocabulary differs from the target's."""
+
+
+class PromptError(LlamaspecError):
+    """The prompt is empty or does not fit in the context."""
+
+
+class DecodeError(LlamaspecError):
+    """llama.cpp refused an operation (a failed llama_decode, a refused cache removal)."""

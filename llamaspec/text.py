@@ -1,0 +1,58 @@
+"""From token bytes to text: incremental UTF-8 decoding and stop strings."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+
+class TextStream:
+    """Decodes token pieces into text and cuts it at the first stop string.
+
+    :meth:`push` returns only text that can no longer turn out to be the start of a stop
+    string, so a partial stop string is never emitted. ``text`` is the final text
+    (without the stop string) once :attr:`stopped` is set or :meth:`flush` was called.
+    """
+
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self.stop = [s for s in stop if s]
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def push(self, piece: bytes) -> str:
+        """Add one token's bytes; return the text that became safe to show."""
+        if self.stopped:
+            return ""
+        self.text += self._decoder.decode(piece)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """End of generation: return whatever was held back."""
+        if self.stopped:
+            return ""
+        self.text += self._decoder.decode(b"", final=True)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        start = self._emitted
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            cut = min(hits)
+            self.text = self.text[:cut]
+            self.stopped = True
+        else:
+            cut = len(self.text) if final else len(self.text) - self._held_back()
+        self._emitted = max(cut, start)
+        return self.text[start:self._emitted]
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that is the beginning of a stop string."""
+        longest = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
