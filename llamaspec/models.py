@@ -88,12 +88,20 @@ def default_pair(path: Optional[PathLike] = None) -> Tuple[str, str]:
 def _registry_files(path: Optional[PathLike]) -> List[Tuple[configparser.ConfigParser, str]]:
     if path is not None:
         return [_parse(_read_text(Path(path)), str(path))]
-    packaged = resources.files("llamaspec").joinpath("models.txt")
-    files = [_parse(packaged.read_text(encoding="utf-8"), "llamaspec/models.txt")]
+    files = [_packaged_registry()]
     user = os.environ.get("LLAMASPEC_MODELS")
     if user:
         files.append(_parse(_read_text(Path(user).expanduser()), user))
     return files
+
+
+def _packaged_registry() -> Tuple[configparser.ConfigParser, str]:
+    """The wheel's llamaspec/models.txt; in a source checkout or editable install, the repository's."""
+    packaged = resources.files("llamaspec").joinpath("models.txt")
+    if packaged.is_file():
+        return _parse(packaged.read_text(encoding="utf-8"), "llamaspec/models.txt")
+    checkout = Path(__file__).resolve().parent.parent / "models.txt"
+    return _parse(_read_text(checkout), str(checkout))
 
 
 def _read_text(path: Path) -> str:

@@ -1,0 +1,117 @@
+"""Shared fixtures. Real-model tests fetch the models through llamaspec's own fetch code
+(into $LLAMASPEC_CACHE, which CI points outside the checkout); they never skip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Tuple
+
+import numpy as np
+import pytest
+
+import llamaspec
+from llamaspec import DraftConfig, LlamaSpec, ModelConfig
+from llamaspec._llama import Context, Model
+
+QWEN = "qwen2.5-coder-1.5b-instruct"
+QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
+SMOL = "smollm2-135m-instruct"
+GEMMA = "gemma-3-270m"
+THREADS = 2
+
+
+def chatml(user: str) -> str:
+    return f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# Three different prompts: open text, code, and a copy-heavy edit.
+PROMPTS = [
+    chatml("Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    chatml("Write a Python function that checks whether a string is a palindrome, with a docstring and tests."),
+    chatml("Fix the spelling mistakes in this text and return the whole corrected text:\n\n"
+           "The old lighthose stood on the edge of the cliff for more then two hundred years. Every nigth "
+           "its lamp turned slowly, sending a beam of ligth across the dark water so that sailors could "
+           "find there way home. The keeper, a quite man named Tomas, climbed the one hundred and twelve "
+           "steps each evening to clean the lens and wind the clockwork. He kept a jurnal of every ship "
+           "that passed, every storm that came, and every bird that rested on the railing. When the "
+           "goverment finally replaced him with an automatic lamp, he refused to leave the island."),
+]
+
+
+@pytest.fixture(scope="session")
+def model_file():
+    def get(name: str) -> Path:
+        return llamaspec.fetch(name, progress=False)
+    return get
+
+
+def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, **draft_cfg) -> LlamaSpec:
+    tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
+    dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
+    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False)
+
+
+@pytest.fixture(scope="session")
+def make_spec(model_file):
+    made: List[LlamaSpec] = []
+
+    def make(target: str, draft: str = None, n_ctx: int = 2048, **draft_cfg) -> LlamaSpec:
+        spec = _spec(model_file, target, draft, n_ctx, **draft_cfg)
+        made.append(spec)
+        return spec
+
+    yield make
+    for spec in made:
+        spec.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_plain(make_spec) -> LlamaSpec:
+    return make_spec(QWEN)
+
+
+@pytest.fixture(scope="session")
+def qwen_pair(make_spec) -> LlamaSpec:
+    return make_spec(QWEN, QWEN_DRAFT, draft_max=8, draft_p_min=0.5)
+
+
+@pytest.fixture(scope="session")
+def smol_plain(make_spec) -> LlamaSpec:
+    return make_spec(SMOL)
+
+
+@pytest.fixture(scope="session")
+def smol_self(make_spec) -> LlamaSpec:
+    return make_spec(SMOL, SMOL, draft_max=6, draft_p_min=0.0)
+
+
+class Reference:
+    """A model evaluated one token at a time: what plain greedy decoding would choose next."""
+
+    def __init__(self, path: Path) -> None:
+        self.model = Model(path)
+        self.ctx = Context(self.model, 2048, THREADS)
+
+    def top2(self, prompt: List[int], continuation: List[int]) -> Tuple[np.ndarray, np.ndarray]:
+        """For each position of ``continuation``: the argmax and the top-1/top-2 logit gap."""
+        self.ctx.clear()
+        self.ctx.eval(prompt[:-1])
+        argmax, gap = [], []
+        for token in [prompt[-1], *continuation[:-1]]:
+            self.ctx.eval([token], logits="last")
+            row = self.ctx.logits_ith(-1)
+            two = np.partition(row, -2)[-2:]
+            argmax.append(int(row.argmax()))
+            gap.append(float(two[1] - two[0]))
+        return np.array(argmax), np.array(gap)
+
+
+@pytest.fixture(scope="session")
+def reference(model_file):
+    cache = {}
+
+    def get(name: str) -> Reference:
+        if name not in cache:
+            cache[name] = Reference(model_file(name))
+        return cache[name]
+    return get

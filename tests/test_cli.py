@@ -1,0 +1,140 @@
+"""The CLI on real models: a good run, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llamaspec.cli import cli
+
+from conftest import QWEN, SMOL, chatml
+
+
+@pytest.fixture(scope="module")
+def smol(model_file):
+    return str(model_file(SMOL))
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input)
+
+
+def assert_one_line_error(result, fragment):
+    assert result.exit_code != 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_generate_plain_and_draft_same_greedy_text(smol):
+    plain = run("generate", "-m", smol, "-p", chatml("Say hello."), "-n", "12", "--temp", "0", "-t", "2")
+    spec = run("generate", "-m", smol, "-md", smol, "-p", chatml("Say hello."), "-n", "12", "--temp", "0",
+               "-t", "2", "--draft-max", "4", "--draft-p-min", "0")
+    assert plain.exit_code == 0 and spec.exit_code == 0, plain.stderr + spec.stderr
+    assert plain.stdout.strip() and plain.stdout == spec.stdout
+    assert "plain:" in plain.stderr and "n_drafted" in spec.stderr
+
+
+def test_generate_json_from_file_and_stdin(smol, tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text(chatml("Count to three."))
+    from_file = run("generate", "-m", smol, "-f", str(f), "-n", "8", "--temp", "0", "--json")
+    from_stdin = run("generate", "-m", smol, "-n", "8", "--temp", "0", "--json", input=f.read_text())
+    assert from_file.exit_code == 0, from_file.stderr
+    data = json.loads(from_file.stdout)
+    assert set(data) == {"text", "tokens", "stop_reason", "stats"}
+    assert len(data["tokens"]) <= 8 and data["stats"]["n_predict"] >= len(data["tokens"])
+    assert json.loads(from_stdin.stdout)["text"] == data["text"]
+
+
+def test_generate_chat_flag(smol):
+    result = run("generate", "-m", smol, "--chat", "-p", "Say hello.", "-n", "8", "--temp", "0", "--json")
+    direct = run("generate", "-m", smol, "-p", chatml("Say hello.").replace(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", ""), "-n", "8", "--temp", "0", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["text"].strip()
+    assert direct.exit_code == 0
+
+
+def test_chat_session_with_commands(smol):
+    session = "Say hello.\n/stats\n/reset\nSay bye.\n/exit\n"
+    result = run("chat", "-m", smol, "-n", "8", "--temp", "0", input=session)
+    assert result.exit_code == 0, result.stderr
+    assert "conversation cleared" in result.stderr
+    assert "stop reason" in result.stderr  # the /stats report
+    assert result.stderr.count("plain:") >= 3  # summaries after both replies + /stats
+
+
+def test_chat_no_stats(smol):
+    result = run("chat", "-m", smol, "-n", "4", "--temp", "0", "--no-stats", input="Hi\n")
+    assert result.exit_code == 0 and "plain:" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, smol):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "text.gguf").write_text("this is not a model\n")
+    with open(smol, "rb") as src, open(d / "cut.gguf", "wb") as dst:
+        dst.write(src.read(8 * 2**20))
+    return d
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-m", "/nonexistent/model.gguf", "-p", "hi"], "model file not found"),
+    (["-m", "BAD/text.gguf", "-p", "hi"], "not a GGUF file"),
+    (["-m", "BAD/cut.gguf", "-p", "hi"], "truncated"),
+    (["-m", "no-such-model", "-p", "hi"], "unknown model 'no-such-model'"),
+    (["-m", "SMOL", "-c", "32", "-p", "word " * 100], "context holds 32"),
+    (["-m", "SMOL", "-p", ""], "prompt is empty"),
+    (["-m", "SMOL", "-p", "   "], "prompt is empty"),
+    (["-m", "SMOL", "-f", "/nonexistent/prompt.txt"], "cannot read prompt file"),
+    (["-m", "SMOL", "-p", "hi", "--draft-max", "0"], "draft-max must be >= 1"),
+    (["-m", "SMOL", "-p", "hi", "--temp", "-1"], "temperature must be >= 0"),
+    (["-m", "SMOL", "-p", "hi", "--top-p", "0"], "top-p must be in (0, 1]"),
+    (["-m", "SMOL", "-p", "hi", "--top-p", "1.5"], "top-p must be in (0, 1]"),
+    (["-m", "SMOL", "-p", "hi", "--temp", "abc"], "abc"),
+    (["-m", "SMOL", "-p", "hi", "--no-such-flag"], "no-such-flag"),
+])
+def test_bad_input_is_one_line(bad_files, smol, args, fragment):
+    args = [a.replace("BAD", str(bad_files)) if a.startswith("BAD") else smol if a == "SMOL" else a
+            for a in args]
+    assert_one_line_error(run("generate", *args), fragment)
+
+
+def test_vocab_mismatch_is_one_line(model_file, smol):
+    result = run("generate", "-m", str(model_file(QWEN)), "-md", smol, "-p", "hi")
+    assert_one_line_error(result, "first differing token")
+
+
+def test_models_commands(smol):
+    listed = run("models", "list")
+    assert listed.exit_code == 0 and SMOL in listed.stdout and "default target" in listed.stdout
+    path = run("models", "path", SMOL)
+    assert path.exit_code == 0 and Path(path.stdout.strip()) == Path(smol)
+    assert_one_line_error(run("models", "path", "nope"), "unknown model 'nope'")
+    assert_one_line_error(run("models", "fetch", "nope"), "unknown model 'nope'")
+
+
+def console_script():
+    exe = shutil.which("llamaspec") or str(Path(sys.executable).with_name("llamaspec"))
+    assert Path(exe).exists(), "the llamaspec console script is not installed (pip install -e .)"
+    return exe
+
+
+def test_installed_console_script(smol):
+    exe = console_script()
+    bad = subprocess.run([exe, "generate", "-m", "no-such-model", "-p", "hi"], capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: unknown model")
+    good = subprocess.run([exe, "generate", "-m", smol, "-p", chatml("Say hello."), "-n", "6", "--temp", "0"],
+                          capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip()
+    module = subprocess.run([sys.executable, "-m", "llamaspec", "--help"], capture_output=True, text=True)
+    assert module.returncode == 0 and "generate" in module.stdout

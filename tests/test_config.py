@@ -1,0 +1,40 @@
+import pytest
+
+from llamaspec import ConfigError, DraftConfig, GenerationConfig, ModelConfig, SamplingConfig
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_p=0.0), "top-p"),
+    (dict(top_p=1.5), "top-p"),
+    (dict(top_k=-1), "top-k"),
+    (dict(min_p=2.0), "min-p"),
+])
+def test_sampling_ranges(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(draft_max=0), "draft-max"),
+    (dict(draft_min=5, draft_max=4), "draft-min"),
+    (dict(draft_p_min=1.5), "draft-p-min"),
+])
+def test_draft_ranges(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        DraftConfig(**kwargs)
+
+
+def test_model_ranges():
+    with pytest.raises(ConfigError, match="context"):
+        ModelConfig("m.gguf", n_ctx=0)
+    with pytest.raises(ConfigError, match="threads"):
+        ModelConfig("m.gguf", n_threads=0)
+    assert ModelConfig("m.gguf").threads >= 1
+
+
+def test_valid_defaults():
+    assert not SamplingConfig().greedy and SamplingConfig(temperature=0).greedy
+    assert GenerationConfig().max_tokens == 256
+    with pytest.raises(ConfigError):
+        GenerationConfig(stop=("",))

@@ -1,0 +1,47 @@
+from llamaspec.text import TextStream
+
+
+def feed(stream, pieces):
+    return "".join(stream.push(p.encode() if isinstance(p, str) else p) for p in pieces)
+
+
+def test_no_stop_strings_passes_everything_through():
+    s = TextStream()
+    assert feed(s, ["Hel", "lo", " world"]) == "Hello world"
+    assert s.flush() == ""
+    assert s.text == "Hello world" and not s.stopped
+
+
+def test_stop_string_is_cut_and_never_emitted():
+    s = TextStream(["###"])
+    out = feed(s, ["answer", " #", "#", "# rest"])
+    assert out == "answer "
+    assert s.stopped and s.text == "answer "
+    assert s.push(b"more") == "" and s.flush() == ""
+
+
+def test_partial_stop_prefix_is_held_back_then_released():
+    s = TextStream(["STOP"])
+    assert s.push(b"abc ST") == "abc "
+    assert s.push(b"ART") == "START"
+    assert s.flush() == ""
+    assert not s.stopped and s.text == "abc START"
+
+
+def test_held_back_prefix_released_at_flush():
+    s = TextStream(["</end>"])
+    assert s.push(b"x </e") == "x "
+    assert s.flush() == "</e"
+
+
+def test_earliest_of_several_stop_strings_wins():
+    s = TextStream(["bb", "a b"])
+    assert feed(s, ["xa bb"]) == "x"
+    assert s.text == "x"
+
+
+def test_utf8_split_across_tokens():
+    data = "héllo €".encode()
+    s = TextStream()
+    out = "".join(s.push(data[i:i + 1]) for i in range(len(data)))
+    assert out + s.flush() == "héllo €"
