@@ -9,6 +9,7 @@ needs that distribution itself, not just a draw from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def transform(logits: np.ndarray, cfg: SamplingConfig) -> Distribution:
 
     The steps, each on the candidates the previous one left:
 
-    1. top-k: the ``top_k`` largest logits (``np.argpartition``, no sort).
+    1. top-k: the ``top_k`` largest logits.
     2. top-p: softmax at temperature 1 over those candidates; keep the shortest run of
        most probable tokens whose cumulative probability reaches ``top_p``.
     3. min-p: keep tokens with ``logit >= max_logit + log(min_p)``.
@@ -59,37 +60,69 @@ def transform(logits: np.ndarray, cfg: SamplingConfig) -> Distribution:
     exact prefilter, provided top-p's softmax is still normalised over all
     candidates left by top-k (not only over the min-p survivors). That is what is
     done here: one O(n) pass computes the normaliser, and only min-p's survivors are
-    sorted, which avoids sorting the whole vocabulary when ``top_k == 0`` and
-    ``min_p > 0``. (Only ``top_k == 0, min_p == 0, top_p < 1`` sorts everything.)
+    ever sorted. Without min-p, top-p sorts partially, as llama.cpp does.
     """
     if cfg.greedy:
         return Distribution.point(int(np.argmax(logits)))
 
-    n_vocab = logits.shape[0]
-    if 0 < cfg.top_k < n_vocab:
-        ids = np.argpartition(logits, n_vocab - cfg.top_k)[n_vocab - cfg.top_k:].astype(np.int64)
-    else:
-        ids = np.arange(n_vocab, dtype=np.int64)
-    cand = logits[ids]  # a copy: the caller's buffer is left alone
+    top = _top_k(logits, cfg.top_k)  # candidate token ids; None: every token
+    cand = logits if top is None else logits[top]
     max_logit = cand.max()
+    keep, kept = np.arange(len(cand)), cand  # positions in cand, and their logits
 
-    ids_kept, kept = ids, cand
     if cfg.min_p > 0:
         # llama.cpp compares in float32 against max + logf(min_p); so do we.
-        survive = cand >= max_logit + np.log(np.float32(cfg.min_p))
-        ids_kept, kept = ids[survive], cand[survive]
-
+        keep = np.flatnonzero(cand >= max_logit + np.log(np.float32(cfg.min_p)))
+        kept = cand[keep]
     if cfg.top_p < 1:
-        z = np.exp(cand.astype(np.float64) - max_logit).sum()  # over all candidates
-        order = np.argsort(-kept, kind="stable")
-        ids_kept, kept = ids_kept[order], kept[order]
-        cum = np.cumsum(np.exp(kept.astype(np.float64) - max_logit)) / z
-        n = int(np.searchsorted(cum, cfg.top_p, side="left")) + 1  # first cum >= top_p
-        ids_kept, kept = ids_kept[:n], kept[:n]
+        z = np.exp(cand - max_logit).sum(dtype=np.float64)  # over all candidates
+        first = _top_p(kept, max_logit, z, cfg.top_p)
+        keep, kept = keep[first], kept[first]
 
-    scaled = kept.astype(np.float64) / cfg.temperature
-    probs = np.exp(scaled - scaled.max())
-    return Distribution(ids_kept, probs / probs.sum())
+    ids = keep if top is None else top[keep]
+    weights = np.exp((kept - kept.max()) / cfg.temperature).astype(np.float64)
+    return Distribution(ids.astype(np.int64, copy=False), weights / weights.sum())
+
+
+def _top_k(logits: np.ndarray, k: int) -> Optional[np.ndarray]:
+    """Ids of the ``k`` largest logits, unordered; None when top-k keeps every token.
+
+    An exact prefilter spares partitioning the whole vocabulary: split it into
+    ``groups`` disjoint groups (strided, so clustered large logits spread out); the
+    k-th largest group maximum is <= the k-th largest logit, because k distinct
+    logits (those group maxima) reach it. So every top-k logit passes the threshold.
+    """
+    n = logits.shape[0]
+    if k <= 0 or k >= n:
+        return None
+    groups = 1024
+    if k <= groups and n >= 4 * groups:
+        size = n // groups
+        maxima = logits[: groups * size].reshape(size, groups).max(axis=0)
+        ids = np.flatnonzero(logits >= np.partition(maxima, groups - k)[groups - k])
+    else:
+        ids = np.arange(n)
+    return ids[np.argpartition(logits[ids], len(ids) - k)[len(ids) - k:]]
+
+
+def _top_p(kept: np.ndarray, max_logit: float, z: float, top_p: float) -> np.ndarray:
+    """Positions in ``kept`` of its largest logits, best first, while the probabilities
+    ``exp(logit - max_logit) / z`` have not yet summed to ``top_p`` (all if they never do).
+
+    Sorts only the best 256 first and widens when they hold less than ``top_p``.
+    """
+    m = 256
+    while True:
+        if m < len(kept):
+            best = np.argpartition(kept, len(kept) - m)[len(kept) - m:]
+        else:
+            best = np.arange(len(kept))
+        best = best[np.argsort(-kept[best], kind="stable")]
+        cum = np.cumsum(np.exp(kept[best].astype(np.float64) - max_logit)) / z
+        n = int(np.searchsorted(cum, top_p, side="left")) + 1  # first cum >= top_p
+        if n <= len(best) or len(best) == len(kept):
+            return best[:n]
+        m *= 16
 
 
 def sample(dist: Distribution, rng: np.random.Generator) -> int:
