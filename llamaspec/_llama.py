@@ -11,11 +11,14 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import struct
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Deque, Iterable, List, Optional, Sequence
 
+import gguf
 import numpy as np
 import llama_cpp.llama_cpp as ll
 
@@ -45,33 +48,36 @@ def _ensure_backend() -> None:
             _initialized = True
 
 
-def _last_log_error() -> str:
-    errors = [l.strip() for l in _log_lines if "error" in l.lower() or "failed" in l.lower()]
-    return errors[-1] if errors else ""
+def _log_error() -> str:
+    """The first error llama.cpp logged since the log was cleared (the root cause), unprefixed."""
+    for line in _log_lines:
+        if "error" in line.lower() or "failed" in line.lower():
+            return line.strip().split(": ", 1)[-1].replace("error loading model: ", "")
+    return ""
 
 
 def check_gguf(path: Path) -> None:
-    """Raise ModelError unless ``path`` is a complete GGUF file (cheap: reads the header only)."""
+    """Raise ModelError unless ``path`` is a file that starts like a GGUF file (reads 4 bytes)."""
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
-    from gguf import GGUFReader
+    if len(magic) < 4 or struct.unpack("<I", magic)[0] != gguf.GGUF_MAGIC:
+        raise ModelError(f"not a GGUF file (it starts with {magic!r}): {path}")
 
-    try:
-        reader = GGUFReader(str(path))
-        end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
-    except Exception as e:  # the reader raises assorted errors on a cut-off file
-        raise ModelError(f"truncated or corrupt GGUF file ({type(e).__name__}): {path}") from None
-    size = path.stat().st_size
-    if end > size:
-        raise ModelError(f"truncated GGUF file ({size} of {end} bytes): {path}")
+
+def _load_failure(path: Path) -> str:
+    """Why llama.cpp refused a file that starts like GGUF, from its log."""
+    reason = _log_error()
+    if any(word in reason for word in ("bounds", "incomplete", "failed to read")):
+        return f"truncated or corrupt GGUF file {path} ({path.stat().st_size} bytes): {reason}"
+    return f"failed to load model {path}: {reason or 'llama.cpp could not load it'}"
 
 
 class Model:
     """A loaded GGUF model and its vocabulary."""
+
+    _ptr = None
 
     def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
         _ensure_backend()
@@ -81,8 +87,7 @@ class Model:
         _log_lines.clear()
         ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
-            reason = _last_log_error() or "llama.cpp could not load it"
-            raise ModelError(f"failed to load model {path}: {reason}")
+            raise ModelError(_load_failure(path))
         self.path = path
         self._ptr = ptr
         self._vocab = ll.llama_model_get_vocab(ptr)
@@ -170,6 +175,8 @@ class Model:
 class Batch:
     """A llama_batch with numpy views on its arrays, filled without per-token ctypes calls."""
 
+    _b = None
+
     def __init__(self, capacity: int, n_seq_max: int = 1) -> None:
         self.capacity = capacity
         self._b = ll.llama_batch_init(capacity, 0, n_seq_max)
@@ -226,6 +233,8 @@ class Context:
     0 .. len(tokens) - 1.
     """
 
+    _ptr = None
+
     def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512,
                  n_seq_max: int = 1) -> None:
         params = ll.llama_context_default_params()
@@ -241,7 +250,7 @@ class Context:
         _log_lines.clear()
         ptr = ll.llama_init_from_model(model._ptr, params)
         if not ptr:
-            reason = _last_log_error() or "llama.cpp refused the context parameters"
+            reason = _log_error() or "llama.cpp refused the context parameters"
             raise ModelError(f"failed to create a context of {n_ctx} tokens for {model.path}: {reason}")
         self.model = model
         self._ptr = ptr
@@ -251,6 +260,7 @@ class Context:
         self.n_seq_max = n_seq_max
         self.batch = Batch(n_batch, n_seq_max)
         self.tokens: List[int] = []
+        self.t_llama = 0.0  # seconds spent inside llama_decode, for profiling our own overhead
 
     def close(self) -> None:
         if self._ptr:
@@ -266,7 +276,9 @@ class Context:
         """Run llama_decode on ``batch`` (default: this context's own batch)."""
         b = batch or self.batch
         b._b.n_tokens = b.n_tokens
+        t0 = time.perf_counter()
         rc = ll.llama_decode(self._ptr, b._b)
+        self.t_llama += time.perf_counter() - t0
         if rc != 0:
             reasons = {1: "no free slot in the KV cache (context full)", 2: "aborted",
                        -1: "invalid batch"}

@@ -113,6 +113,8 @@ class LlamaSpec:
         out: List[int] = []
         stop_reason = "length"
         max_new = config.max_tokens if config.max_tokens >= 0 else self.ctx.n_ctx
+        contexts = self.engine.contexts()
+        busy0 = sum(c.t_llama for c in contexts)
         t0 = time.perf_counter()
         steps = self.engine.steps(config.sampling, rng, max_new, stats)
         try:
@@ -140,6 +142,7 @@ class LlamaSpec:
         finally:
             steps.close()
             stats.t_decode = time.perf_counter() - t0
+            stats.t_llama = sum(c.t_llama for c in contexts) - busy0
         tail = text.flush()
         yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
 

@@ -24,6 +24,7 @@ class Stats:
     n_target_calls: int = 0  # target llama_decode calls while generating
     t_decode: float = 0.0  # generation loop, drafting included
     t_draft: float = 0.0  # of which, spent proposing drafts
+    t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
     drafted_by_pos: List[int] = field(default_factory=list)  # drafts that reached position i
     accepted_by_pos: List[int] = field(default_factory=list)  # drafts accepted at position i
 
@@ -43,6 +44,11 @@ class Stats:
     @property
     def decode_tps(self) -> float:
         return self.n_predict / self.t_decode if self.t_decode > 0 else 0.0
+
+    @property
+    def python_share(self) -> float:
+        """Share of the generation loop's wall time spent outside llama_decode (our own code)."""
+        return max(0.0, 1 - self.t_llama / self.t_decode) if self.t_decode > 0 else 0.0
 
     @property
     def accept_by_position(self) -> List[float]:
@@ -66,7 +72,8 @@ class Stats:
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
         d.update(accept=self.accept, tokens_per_call=self.tokens_per_call, prompt_tps=self.prompt_tps,
-                 decode_tps=self.decode_tps, accept_by_position=self.accept_by_position)
+                 decode_tps=self.decode_tps, python_share=self.python_share,
+                 accept_by_position=self.accept_by_position)
         return d
 
     def summary(self) -> str:

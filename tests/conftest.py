@@ -34,7 +34,11 @@ PROMPTS = [
            "find there way home. The keeper, a quite man named Tomas, climbed the one hundred and twelve "
            "steps each evening to clean the lens and wind the clockwork. He kept a jurnal of every ship "
            "that passed, every storm that came, and every bird that rested on the railing. When the "
-           "goverment finally replaced him with an automatic lamp, he refused to leave the island."),
+           "goverment finally replaced him with an automatic lamp, he refused to leave the island. "
+           "He built a small house from drift wood behind the tower and planted potatos in the sandy "
+           "soil. Vistors from the mainland somtimes brought him news, books and coffee, and he told "
+           "them storys about the great storm of nineteen fifty-two, when the waves reached the lamp "
+           "room and the whole tower shook like a tree in the wind."),
 ]
 
 

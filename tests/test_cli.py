@@ -91,7 +91,7 @@ def bad_files(tmp_path_factory, smol):
     (["-m", "BAD/text.gguf", "-p", "hi"], "not a GGUF file"),
     (["-m", "BAD/cut.gguf", "-p", "hi"], "truncated"),
     (["-m", "no-such-model", "-p", "hi"], "unknown model 'no-such-model'"),
-    (["-m", "SMOL", "-c", "32", "-p", "word " * 100], "context holds 32"),
+    (["-m", "SMOL", "-c", "32", "-p", "word " * 400], "context holds 256"),
     (["-m", "SMOL", "-p", ""], "prompt is empty"),
     (["-m", "SMOL", "-p", "   "], "prompt is empty"),
     (["-m", "SMOL", "-f", "/nonexistent/prompt.txt"], "cannot read prompt file"),
