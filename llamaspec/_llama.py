@@ -79,16 +79,19 @@ class Model:
 
     _ptr = None
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
+    def __init__(self, path: Path, n_gpu_layers: int = 0, vocab_only: bool = False) -> None:
+        """Load ``path``; with ``vocab_only`` only the tokenizer (fast, no weights)."""
         _ensure_backend()
         check_gguf(path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
+        params.vocab_only = vocab_only
         _log_lines.clear()
         ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
             raise ModelError(_load_failure(path))
         self.path = path
+        self.n_gpu_layers = n_gpu_layers
         self._ptr = ptr
         self._vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
@@ -258,6 +261,7 @@ class Context:
         self.n_ctx: int = ll.llama_n_ctx(ptr)
         self.n_batch = n_batch
         self.n_seq_max = n_seq_max
+        self.threads = n_threads
         self.batch = Batch(n_batch, n_seq_max)
         self.tokens: List[int] = []
         self.t_llama = 0.0  # seconds spent inside llama_decode, for profiling our own overhead
@@ -365,3 +369,8 @@ def system_info() -> str:
 
 def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
+
+
+def backend_name(model: Model) -> str:
+    """"gpu" when this build can offload and the model asked for it, else "cpu"."""
+    return "gpu" if supports_gpu_offload() and model.n_gpu_layers != 0 else "cpu"

@@ -11,8 +11,13 @@ import numpy as np
 
 from ._llama import Context, Model
 from .chat import ChatTemplate, Message
-from .config import DraftConfig, GenerationConfig, ModelConfig, SamplingConfig
-from .drafters import DraftModelDrafter, Drafter, NoDrafter
+from . import models
+from .config import DraftConfig, GenerationConfig, LookupConfig, ModelConfig, SamplingConfig
+from .costs import load_or_measure
+from .draft_length import DraftLength
+from .drafters import ChainDrafter, DraftModelDrafter, Drafter, LookupDrafter, NoDrafter
+from .lookup import PromptLookup
+from .ngram_cache import NgramCaches
 from .engine import Engine
 from .errors import PromptError
 from .models import resolve_model
@@ -54,7 +59,10 @@ class LlamaSpec:
 
     def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, lookup: Optional[LookupConfig] = None,
+                 references: Sequence[str] = ()) -> None:
+        """``lookup`` turns on lookup decoding (tried before the draft model when both are
+        given); ``references`` are texts whose tokens lookup may copy."""
         self.target_config, self.draft_config = target, draft_config
         self.model = Model(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
@@ -62,12 +70,23 @@ class LlamaSpec:
             self.draft_model = Model(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
             check_compatible(self.model, self.draft_model)
         self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch)
-        drafter: Drafter = NoDrafter()
+        drafters: List[Drafter] = []
+        if lookup is not None:
+            drafters.append(self._lookup_drafter(lookup, references, cache_dir))
         if draft is not None and self.draft_model is not None:
             draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-            drafter = DraftModelDrafter(draft_ctx, draft_config)
+            drafters.append(DraftModelDrafter(draft_ctx, draft_config))
+        drafter = ChainDrafter(*drafters) if len(drafters) > 1 else drafters[0] if drafters else NoDrafter()
         self.engine = Engine(self.ctx, drafter)
         self._template: Optional[ChatTemplate] = None
+
+    def _lookup_drafter(self, cfg: LookupConfig, references: Sequence[str],
+                        cache_dir: Optional[Path]) -> LookupDrafter:
+        ref_tokens = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
+        costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
+        caches = NgramCaches.open(cfg, self.model.n_vocab) if (cfg.cache_static or cfg.cache_dynamic) else None
+        return LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, cfg.policy, ref_tokens),
+                             DraftLength(costs), cfg.draft_max, caches)
 
     # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
@@ -143,6 +162,7 @@ class LlamaSpec:
             steps.close()
             stats.t_decode = time.perf_counter() - t0
             stats.t_llama = sum(c.t_llama for c in contexts) - busy0
+            self.engine.drafter.finish(self.engine.tokens)
         tail = text.flush()
         yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
 
@@ -182,10 +202,14 @@ def _last(chunks: Iterator[Chunk]) -> Result:
     return result
 
 
-def load(model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_threads: Optional[int] = None,
+def load(model: str, draft: Optional[str] = None, *, lookup: Union[bool, LookupConfig] = False,
+         references: Sequence[str] = (), n_ctx: int = 4096, n_threads: Optional[int] = None,
          n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0, draft_max: int = 16, draft_min: int = 0,
          draft_p_min: float = 0.75, cache_dir: Optional[Path] = None, progress: bool = True) -> LlamaSpec:
-    """Load a target model (a GGUF path or a models.txt name) and optionally a draft model."""
+    """Load a target model (a GGUF path or a models.txt name), optionally a draft model, and
+    optionally lookup decoding (``lookup=True`` or a LookupConfig; ``references``: texts)."""
     target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft) if draft else None
-    return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress)
+    lookup_cfg = LookupConfig() if lookup is True else (lookup or None)
+    return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress,
+                     lookup_cfg, references)

@@ -17,8 +17,15 @@ import click
 from . import models
 from .api import LlamaSpec, Result, make_config
 from .chat import new_messages
-from .config import DraftConfig, ModelConfig
+from .config import DraftConfig, LookupConfig, ModelConfig
+from ._llama import Model
+from .config import default_threads
+from .costs import CostCurve, cached_curve
+from .draft_length import DraftLength, curve_summary
+from .drafters import LookupDrafter
 from .errors import LlamaspecError
+from .lookup import PromptLookup, replay
+from .ngram_cache import NGRAM_STATIC, NgramCache, NgramCaches
 
 
 class _OneLineErrors(click.Group):
@@ -80,6 +87,19 @@ def model_options(f: Callable) -> Callable:
                      help="Shorter proposals are not verified."),
         click.option("--draft-p-min", type=float, default=0.75, show_default=True,
                      help="The draft stops when its top probability falls below this."),
+        click.option("--lookup", is_flag=True,
+                     help="Lookup decoding: drafts copied from the prompt, the output, references and caches "
+                          "(tried before --draft when both are given)."),
+        click.option("--lookup-ngram-min", type=int, default=1, show_default=True,
+                     help="Shortest n-gram lookup matches."),
+        click.option("--lookup-ngram-max", type=int, default=4, show_default=True,
+                     help="Longest n-gram lookup matches (at most 4)."),
+        click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None,
+                     help="Static n-gram cache (llama-lookup-create / `llamaspec lookup create`)."),
+        click.option("--lookup-cache-dynamic", type=click.Path(path_type=Path), default=None,
+                     help="Dynamic n-gram cache, updated after every generation (created if missing)."),
+        click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path),
+                     help="A document lookup may copy from (repeatable); implies --lookup."),
         click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                      help="Model cache [default: $LLAMASPEC_CACHE or the platform cache]."),
     ]
@@ -100,7 +120,29 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
         draft_cfg = ModelConfig(draft, n_ctx=o["n_ctx"], n_threads=o["n_threads"],
                                 n_gpu_layers=o["n_gpu_layers_draft"])
     spec_cfg = DraftConfig(o["draft_max"], o["draft_min"], o["draft_p_min"])
-    return LlamaSpec(target, draft_cfg, spec_cfg, o["cache_dir"], progress=True)
+    lookup, references = _lookup_options(o)
+    return LlamaSpec(target, draft_cfg, spec_cfg, o["cache_dir"], progress=True, lookup=lookup,
+                     references=references)
+
+
+def _lookup_options(o: dict) -> tuple:
+    """The LookupConfig (None when lookup is off) and the reference texts."""
+    texts = []
+    for path in o["references"]:
+        try:
+            texts.append(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise click.UsageError(f"cannot read reference {path}: {e.strerror}") from None
+    wanted = o["lookup"] or texts or o["lookup_cache_static"] or o["lookup_cache_dynamic"]
+    if not wanted:
+        return None, []
+    cfg = LookupConfig(ngram_min=o["lookup_ngram_min"], ngram_max=o["lookup_ngram_max"],
+                       cache_static=_str(o["lookup_cache_static"]), cache_dynamic=_str(o["lookup_cache_dynamic"]))
+    return cfg, texts
+
+
+def _str(path: Optional[Path]) -> Optional[str]:
+    return None if path is None else str(path)
 
 
 def _generation_options(o: dict) -> dict:
@@ -267,6 +309,85 @@ def models_path(name: str, cache_dir: Optional[Path]) -> None:
     if path is None:
         raise LlamaspecError(f"{name} is not fetched yet: run `llamaspec models fetch {name}`")
     click.echo(path)
+
+
+@cli.group("lookup")
+def lookup_group() -> None:
+    """N-gram caches for lookup decoding: create, stats."""
+
+
+@lookup_group.command("create")
+@click.option("-m", "--model", required=True, help="Model whose tokenizer the cache is for.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Cache file to write.")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@cache_option
+def lookup_create(model: str, output: Path, files: List[Path], cache_dir: Optional[Path]) -> None:
+    """Build a static n-gram cache from text FILES (llama-lookup-create's format and 2-grams)."""
+    vocab = Model(models.resolve_model(model, cache_dir), vocab_only=True)
+    cache = NgramCache()
+    for f in files:
+        tokens = vocab.tokenize(_read(f), add_special=False, parse_special=False)
+        cache.update(tokens, NGRAM_STATIC, NGRAM_STATIC, len(tokens))
+    cache.save(output)
+    click.echo(f"{output}: {len(cache)} n-grams from {len(files)} file(s)", err=True)
+
+
+@lookup_group.command("stats")
+@click.option("-m", "--model", required=True, help="Model whose tokenizer to use (it does not run).")
+@click.option("-f", "--file", "text_file", type=click.Path(path_type=Path), required=True,
+              help="Text to replay, as if the model had generated it.")
+@click.option("--prompt", "prompt_file", type=click.Path(path_type=Path), default=None,
+              help="Prompt the text followed [default: none, the replay starts at the first token].")
+@click.option("--lookup-ngram-min", type=int, default=1, show_default=True)
+@click.option("--lookup-ngram-max", type=int, default=4, show_default=True)
+@click.option("--policy", type=click.Choice(["longest", "recent", "frequent"]), default="longest",
+              show_default=True, help="Which of several matches to copy from.")
+@click.option("--draft-max", type=int, default=31, show_default=True)
+@click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None)
+@click.option("--lookup-cache-dynamic", type=click.Path(path_type=Path), default=None)
+@click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path))
+@click.option("-t", "--threads", "n_threads", type=int, default=None,
+              help="Threads of the cost curve to use [default: all cores].")
+@cache_option
+def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], lookup_ngram_min: int,
+                 lookup_ngram_max: int, policy: str, draft_max: int, lookup_cache_static: Optional[Path],
+                 lookup_cache_dynamic: Optional[Path], references: List[Path], n_threads: Optional[int],
+                 cache_dir: Optional[Path]) -> None:
+    """Replay a text through the lookup drafter without running the model: how much would it
+    have drafted and accepted (llama-lookup-stats), and the speed-up the cached cost curve predicts."""
+    cfg = LookupConfig(lookup_ngram_min, lookup_ngram_max, policy, draft_max,
+                       _str(lookup_cache_static), _str(lookup_cache_dynamic))
+    path = models.resolve_model(model, cache_dir)
+    vocab = Model(path, vocab_only=True)
+    prompt = vocab.tokenize(_read(prompt_file), add_special=True) if prompt_file else []
+    text = vocab.tokenize(_read(text_file), add_special=not prompt, parse_special=False)
+    if len(prompt) + len(text) < 2:
+        raise click.UsageError("the text is too short to replay")
+    refs = [vocab.tokenize(_read(r), add_special=False, parse_special=False) for r in references]
+    curve = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
+    caches = NgramCaches.open(cfg, vocab.n_vocab) if lookup_cache_static or lookup_cache_dynamic else None
+    drafter = LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, policy, refs),
+                            DraftLength(curve or CostCurve.flat()), draft_max, caches)
+    n_prompt = max(len(prompt), 1)
+    stats = replay(drafter, prompt + text, n_prompt, (curve or CostCurve.flat()).cost, draft_max)
+    click.echo(f"n_predict    = {stats.n_tokens}")
+    click.echo(f"n_drafted    = {stats.n_drafted}")
+    click.echo(f"n_accept     = {stats.n_accept}")
+    click.echo(f"accept       = {stats.accept:.3f}%")
+    click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / stats.n_steps:.2f} tokens per call)")
+    if curve:
+        click.echo(f"predicted    = {stats.speedup:.2f}x plain decoding with the measured cost curve "
+                   f"({curve.threads} threads, {curve.backend}: {curve_summary(curve)})")
+    else:
+        click.echo("predicted    = no cost curve cached for this model and thread count; "
+                   "run a --lookup generation once to measure it (lengths were chosen for a GPU-like flat curve)")
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise click.UsageError(f"cannot read {path}: {e.strerror}") from None
 
 
 def main() -> None:

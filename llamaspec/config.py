@@ -103,3 +103,28 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """Drafts copied from text already seen: the prompt and output (prompt lookup), reference
+    documents, and llama.cpp-format n-gram caches.
+
+    Matches are n-grams of ``ngram_min`` .. ``ngram_max`` tokens, longest first; ``policy``
+    picks among several occurrences (see ``PromptLookup``). The number of drafted tokens
+    verified per step is chosen from the measured verify cost, up to ``draft_max``.
+    """
+
+    ngram_min: int = 1
+    ngram_max: int = 4
+    policy: str = "longest"
+    draft_max: int = 31
+    cache_static: Optional[str] = None
+    cache_dynamic: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.ngram_min <= self.ngram_max <= 4,
+               f"lookup n-gram sizes must satisfy 1 <= min <= max <= 4, got {self.ngram_min}..{self.ngram_max}")
+        _check(self.policy in ("longest", "recent", "frequent"),
+               f"lookup policy must be longest, recent or frequent, got {self.policy!r}")
+        _check(self.draft_max >= 1, f"lookup draft-max must be >= 1, got {self.draft_max}")

@@ -6,13 +6,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, List, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ._llama import Context
 from .config import DraftConfig, SamplingConfig
+from .draft_length import DraftLength
+from .lookup import PromptLookup
 from .sampling import Distribution, sample, transform
+
+if TYPE_CHECKING:
+    from .ngram_cache import NgramCaches
 
 
 @dataclass
@@ -45,6 +50,9 @@ class Drafter(Protocol):
     def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
         """The step is over: ``tokens`` is the accepted sequence, its last token pending."""
 
+    def finish(self, tokens: Sequence[int]) -> None:
+        """The generation is over; keep what should outlive it (a dynamic n-gram cache)."""
+
 
 class NoDrafter:
     """Plain decoding: never proposes."""
@@ -62,6 +70,9 @@ class NoDrafter:
         return Proposal()
 
     def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        pass
+
+    def finish(self, tokens: Sequence[int]) -> None:
         pass
 
 
@@ -126,3 +137,89 @@ class DraftModelDrafter:
         # Drop rejected drafts; after a fully accepted draft, catch up on its last token,
         # which the draft proposed but never evaluated.
         self.ctx.sync(tokens, len(tokens) - 1)
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+class LookupDrafter:
+    """Drafts copied from what the model has seen: the prompt, its own output, reference
+    documents (prompt lookup) and, when given, n-gram caches. No model runs.
+
+    The draft length is chosen per step by DraftLength from the match length, how recent
+    drafts fared and the measured cost of verifying n tokens.
+    """
+
+    name = "lookup"
+
+    def __init__(self, lookup: PromptLookup, length: DraftLength, k_max: int = 31,
+                 caches: Optional[NgramCaches] = None) -> None:
+        self.lookup, self.length, self.k_max, self.caches = lookup, length, k_max, caches
+        self._match = 0
+        self._candidate: List[int] = []
+
+    def contexts(self) -> List[Context]:
+        return []
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.lookup.sync(tokens)
+        if self.caches is not None:
+            self.caches.follow(tokens)
+
+    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        self.lookup.sync(tokens)
+        draft, self._match = self.lookup.find(min(max_len, self.k_max))
+        if not draft and self.caches is not None:
+            self.caches.follow(tokens)
+            draft, self._match = self.caches.draft(tokens, min(max_len, self.k_max)), 0
+        self._candidate = draft
+        return Proposal(draft[: self.length.choose(len(draft), self._match)])
+
+    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        if n_drafted:
+            self.length.record(self._match, n_drafted, n_accepted)
+        elif self._candidate:
+            # Not worth verifying, but the step shows whether its first token was right:
+            # free evidence, so a drafter that stopped drafting can learn to start again.
+            self.length.record(self._match, 1, int(self._candidate[0] == tokens[-1]))
+        self._candidate = []
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        if self.caches is not None:
+            self.caches.finish(tokens)
+
+
+class ChainDrafter:
+    """Asks each drafter in turn and verifies the first proposal (lookup before a draft model)."""
+
+    def __init__(self, *drafters: Drafter) -> None:
+        self.drafters = drafters
+        self.name = "+".join(d.name for d in drafters)
+        self._used: Optional[Drafter] = None
+
+    def contexts(self) -> List[Context]:
+        return [ctx for d in self.drafters for ctx in d.contexts()]
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.prefill(tokens)
+
+    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        for d in self.drafters:
+            proposal = d.propose(tokens, max_len, sampling, rng)
+            if proposal.tokens:
+                self._used = d
+                return proposal
+        self._used = None
+        return Proposal()
+
+    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
+        for d in self.drafters:
+            used = d is self._used
+            d.accepted(tokens, n_drafted if used else 0, n_accepted if used else 0)
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.finish(tokens)

@@ -20,7 +20,7 @@ from typing import Iterator, List, Sequence, Tuple
 import numpy as np
 
 from ._llama import Context
-from .acceptance import accept_greedy, verify_sampled
+from .acceptance import verify_greedy, verify_sampled
 from .config import SamplingConfig
 from .drafters import Drafter, Proposal
 from .errors import PromptError
@@ -92,9 +92,7 @@ class Engine:
         self.target.eval([self.tokens[-1], *draft], logits="all")
         rows = self.target.logits(len(draft) + 1)  # row i is p(. | tokens, d_1 .. d_i)
         if sampling.greedy:
-            target_tokens = rows.argmax(axis=1)
-            n = accept_greedy(target_tokens, np.asarray(draft, dtype=np.int64))
-            return n, int(target_tokens[n])
+            return verify_greedy(rows.argmax(axis=1), np.asarray(draft, dtype=np.int64))
         q = proposal.q or [Distribution.point(x) for x in draft]
         return verify_sampled(lambda i: transform(rows[i], sampling), q, draft, rng)
 

@@ -37,3 +37,7 @@ class PromptError(LlamaspecError):
 
 class DecodeError(LlamaspecError):
     """llama.cpp refused an operation (a failed llama_decode, a refused cache removal)."""
+
+
+class CacheFormatError(LlamaspecError):
+    """A file is not an n-gram cache, or was made for another vocabulary."""

@@ -1,14 +1,15 @@
-"""Plain vs draft-model decoding on the BASELINE task, measured in one run.
+"""Decode speed of each strategy against plain decoding, measured in one run.
 
-    python scripts/bench_speed.py [-m TARGET] [-md DRAFT] [-n 256] [-t 2] [--repeat 3]
-           [--draft-max 16 --draft-min 0 --draft-p-min 0.75] [-f PROMPT_FILE]
+    python scripts/bench_speed.py [-m TARGET] [-md DRAFT] [--strategies plain,lookup,draft]
+           [--prompts baseline_type_hints,open_chat] [-n 256] [-t 2] [--repeat 3]
 
-The prompt (default: llamaspec/data/baseline_type_hints.txt, ChatML already applied) is raw
-text, as llama.cpp's programs take it. Greedy. Runs alternate plain / draft so that drift of
-a shared machine hits both; the table reports medians and the ratio of medians.
+Prompts are files in llamaspec/data/ (ChatML already applied), used as raw text like
+llama.cpp's programs take them. Greedy. Within each repetition the strategies run one after
+the other, so drift of a shared machine hits all of them; the table reports medians and the
+ratio of medians to plain. Every strategy's greedy output is checked against plain's.
 
 "python share" is the part of the generation loop's wall time spent outside llama_decode:
-our Python code (drafting logic, acceptance, numpy on logits, cache bookkeeping).
+our own code (drafting, acceptance, numpy on logits, cache bookkeeping).
 """
 
 from __future__ import annotations
@@ -17,24 +18,30 @@ import argparse
 import statistics
 from pathlib import Path
 
-from llamaspec import DraftConfig, LlamaSpec, ModelConfig
+from llamaspec import DraftConfig, LlamaSpec, LookupConfig, ModelConfig
 
 DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
+
+
+def build(strategy: str, target: ModelConfig, draft: ModelConfig, draft_cfg: DraftConfig) -> LlamaSpec:
+    lookup = LookupConfig() if "lookup" in strategy else None
+    return LlamaSpec(target, draft if "draft" in strategy else None, draft_cfg, lookup=lookup)
 
 
 def run_once(spec: LlamaSpec, prompt: str, n: int) -> dict:
     spec.reset()  # every run evaluates the whole prompt
     result = spec.generate(prompt, max_tokens=n, temperature=0)
     s = result.stats
-    return {"tokens": result.tokens, "decode_tps": s.decode_tps, "prompt_tps": s.prompt_tps,
-            "accept": s.accept, "tokens_per_call": s.tokens_per_call, "python_share": s.python_share}
+    return {"tokens": result.tokens, "decode_tps": s.decode_tps, "accept": s.accept,
+            "tokens_per_call": s.tokens_per_call, "python_share": s.python_share}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("-md", "--draft", default="qwen2.5-coder-0.5b-instruct")
-    ap.add_argument("-f", "--file", type=Path, default=DATA / "baseline_type_hints.txt")
+    ap.add_argument("--strategies", default="plain,lookup,draft")
+    ap.add_argument("--prompts", default="baseline_type_hints,open_chat")
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx-size", type=int, default=4096)
@@ -44,34 +51,33 @@ def main() -> None:
     ap.add_argument("--draft-p-min", type=float, default=0.75)
     a = ap.parse_args()
 
-    prompt = a.file.read_text(encoding="utf-8")
+    strategies = a.strategies.split(",")
+    if strategies[0] != "plain":
+        strategies.insert(0, "plain")
     target = ModelConfig(a.model, n_ctx=a.ctx_size, n_threads=a.threads)
     draft = ModelConfig(a.draft, n_ctx=a.ctx_size, n_threads=a.threads)
-    plain = LlamaSpec(target)
-    spec = LlamaSpec(target, draft, DraftConfig(a.draft_max, a.draft_min, a.draft_p_min))
-    for s in (plain, spec):  # warm-up: page the weights in, build the graphs
-        s.generate(prompt, max_tokens=8, temperature=0)
-
-    runs = {"plain": [], "draft": []}
-    for _ in range(a.repeat):
-        runs["plain"].append(run_once(plain, prompt, a.n))
-        runs["draft"].append(run_once(spec, prompt, a.n))
-
-    same = all(r["tokens"] == runs["plain"][0]["tokens"] for rs in runs.values() for r in rs)
-    base = statistics.median(r["decode_tps"] for r in runs["plain"])
-    print(f"task: {a.file.name}, {a.n} tokens, greedy, {a.threads} threads, {a.repeat} runs each, "
-          f"draft-max {a.draft_max}, draft-min {a.draft_min}, draft-p-min {a.draft_p_min}")
-    print(f"{'strategy':8} {'decode t/s':>10} {'(min-max)':>13} {'vs plain':>8} {'prompt t/s':>10} "
-          f"{'accept':>7} {'tok/call':>8} {'python share':>12}")
-    for name, rs in runs.items():
-        tps = [r["decode_tps"] for r in rs]
-        med = statistics.median(tps)
-        print(f"{name:8} {med:10.1f} {min(tps):6.1f}-{max(tps):<6.1f} {med / base:7.2f}x "
-              f"{statistics.median(r['prompt_tps'] for r in rs):10.1f} "
-              f"{statistics.median(r['accept'] for r in rs):6.1f}% "
-              f"{statistics.median(r['tokens_per_call'] for r in rs):8.2f} "
-              f"{100 * statistics.median(r['python_share'] for r in rs):11.2f}%")
-    print(f"greedy outputs identical across strategies and runs: {same}")
+    specs = {s: build(s, target, draft, DraftConfig(a.draft_max, a.draft_min, a.draft_p_min)) for s in strategies}
+    print(f"{a.model}, {a.n} tokens, greedy, {a.threads} threads, {a.repeat} runs each; "
+          f"draft {a.draft} (draft-max {a.draft_max}, draft-p-min {a.draft_p_min})")
+    print(f"{'prompt':20} {'strategy':13} {'decode t/s':>10} {'min-max':>11} {'vs plain':>8} "
+          f"{'accept':>7} {'tok/call':>8} {'python':>7}  same as plain")
+    for name in a.prompts.split(","):
+        prompt = (DATA / f"{name}.txt").read_text(encoding="utf-8")
+        for spec in specs.values():  # warm-up: page the weights in
+            spec.generate(prompt, max_tokens=4, temperature=0)
+        runs = {s: [] for s in strategies}
+        for _ in range(a.repeat):
+            for s, spec in specs.items():
+                runs[s].append(run_once(spec, prompt, a.n))
+        base = statistics.median(r["decode_tps"] for r in runs["plain"])
+        for s, rs in runs.items():
+            tps = [r["decode_tps"] for r in rs]
+            med = statistics.median(tps)
+            same = all(r["tokens"] == runs["plain"][0]["tokens"] for r in rs)
+            print(f"{name:20} {s:13} {med:10.2f} {min(tps):5.1f}-{max(tps):<5.1f} {med / base:7.2f}x "
+                  f"{statistics.median(r['accept'] for r in rs):6.1f}% "
+                  f"{statistics.median(r['tokens_per_call'] for r in rs):8.2f} "
+                  f"{100 * statistics.median(r['python_share'] for r in rs):6.2f}%  {same}")
 
 
 if __name__ == "__main__":
