@@ -7,8 +7,9 @@
 """
 
 from .api import Chunk, LlamaSpec, Result, load
-from .config import DraftConfig, GenerationConfig, ModelConfig, SamplingConfig
+from .config import DraftConfig, GenerationConfig, LookupConfig, ModelConfig, SamplingConfig
 from .errors import (
+    CacheFormatError,
     ConfigError,
     DecodeError,
     FetchError,
@@ -22,6 +23,7 @@ from .models import cache_dir, default_pair, fetch, load_registry, resolve_model
 from .stats import Stats
 
 __all__ = [
+    "CacheFormatError",
     "Chunk",
     "ConfigError",
     "DecodeError",
@@ -30,6 +32,7 @@ __all__ = [
     "GenerationConfig",
     "LlamaSpec",
     "LlamaspecError",
+    "LookupConfig",
     "ModelConfig",
     "ModelError",
     "PromptError",

@@ -25,6 +25,9 @@ class DraftLength:
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self._counts: Dict[int, Tuple[float, float]] = {}  # match length -> (accepted, rejected)
 
+    def reset(self) -> None:
+        self._counts.clear()
+
     def acceptance(self, match_len: int) -> float:
         """The estimated chance that a drafted token is accepted after its predecessors were."""
         acc, rej = self._counts.get(match_len, (0.0, 0.0))

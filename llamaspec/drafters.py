@@ -162,7 +162,8 @@ class LookupDrafter:
         return []
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        self.lookup.sync(tokens)
+        if self.lookup.sync(tokens):
+            self.length.reset()  # another text: the evidence about the old one does not apply
         if self.caches is not None:
             self.caches.follow(tokens)
 

@@ -77,14 +77,16 @@ class PromptLookup:
         self.history = TokenIndex(self.ngram_min, self.ngram_max)
         self.history.extend(tokens)
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Follow ``tokens``: index what was appended, rebuild if it is not an extension."""
+    def sync(self, tokens: Sequence[int]) -> bool:
+        """Follow ``tokens``: index what was appended, or rebuild (and return True) if it is
+        not an extension of the history."""
         seen = self.history.tokens
         n = len(seen)
         if len(tokens) >= n and (n == 0 or (tokens[n - 1] == seen[-1] and list(tokens[:n]) == seen)):
             self.history.extend(tokens[n:])
-        else:
-            self.reset(tokens)
+            return False
+        self.reset(tokens)
+        return True
 
     def find(self, max_len: int) -> Tuple[List[int], int]:
         """The continuation (up to ``max_len`` tokens) of the best match, and the match length n."""

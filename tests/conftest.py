@@ -49,18 +49,19 @@ def model_file():
     return get
 
 
-def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, **draft_cfg) -> LlamaSpec:
+def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, lookup=None, references=(),
+          **draft_cfg) -> LlamaSpec:
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
-    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False)
+    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references)
 
 
 @pytest.fixture(scope="session")
 def make_spec(model_file):
     made: List[LlamaSpec] = []
 
-    def make(target: str, draft: str = None, n_ctx: int = 2048, **draft_cfg) -> LlamaSpec:
-        spec = _spec(model_file, target, draft, n_ctx, **draft_cfg)
+    def make(target: str, draft: str = None, n_ctx: int = 2048, **options) -> LlamaSpec:
+        spec = _spec(model_file, target, draft, n_ctx, **options)
         made.append(spec)
         return spec
 

@@ -1,0 +1,136 @@
+"""Lookup decoding on real models: greedy equality, statistics, references, caches, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from llamaspec import ConfigError, LookupConfig, SamplingConfig, Stats
+from llamaspec.cli import cli
+from llamaspec.errors import CacheFormatError
+from llamaspec.ngram_cache import NgramCache
+
+from conftest import QWEN, SMOL, chatml
+from test_engine_real import assert_kv_invariant
+from test_greedy_real import N_TOKENS, check_greedy
+
+DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
+CODE_EDIT = (DATA / "baseline_type_hints.txt").read_text()
+OPEN_CHAT = (DATA / "open_chat.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def qwen_lookup(make_spec):
+    return make_spec(QWEN, lookup=LookupConfig())
+
+
+def check_stats(stats: Stats, n_tokens: int):
+    assert stats.n_accept <= stats.n_drafted
+    # every target call emits its accepted drafts plus one token
+    assert stats.n_predict == stats.n_accept + stats.n_target_calls == n_tokens
+
+
+@pytest.mark.parametrize("prompt", [CODE_EDIT, OPEN_CHAT], ids=["code-edit", "open-chat"])
+def test_qwen_lookup_greedy_equals_plain(qwen_plain, qwen_lookup, reference, prompt):
+    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    spec = qwen_lookup.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    compared, _ = check_greedy(reference(QWEN), qwen_lookup.tokenize(prompt), plain.tokens, spec.tokens,
+                               "qwen lookup")
+    assert compared == N_TOKENS
+    check_stats(spec.stats, N_TOKENS)
+    assert spec.stats.strategy == "lookup"
+
+
+def test_code_edit_is_mostly_copied(qwen_lookup):
+    result = qwen_lookup.generate(CODE_EDIT, max_tokens=96, temperature=0)
+    assert result.stats.n_accept > 40, result.stats.summary()
+    assert result.stats.tokens_per_call > 1.5
+
+
+def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
+    stats = Stats()
+    engine = qwen_lookup.engine
+    engine.prefill(qwen_lookup.tokenize(CODE_EDIT), stats)
+    for _ in engine.steps(SamplingConfig(temperature=0.7, seed=3), np.random.default_rng(3), 40, stats):
+        assert_kv_invariant(qwen_lookup)
+    check_stats(stats, 40)
+
+
+def test_reference_documents_are_copied(make_spec, smol_plain):
+    """A reference the prompt does not contain (here: an earlier answer) is copied from."""
+    prompt = chatml("Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    earlier = smol_plain.generate(prompt, max_tokens=64, temperature=0)
+    without = make_spec(SMOL, lookup=LookupConfig()).generate(prompt, max_tokens=64, temperature=0)
+    spec = make_spec(SMOL, lookup=LookupConfig(), references=[earlier.text])
+    with_ref = spec.generate(prompt, max_tokens=64, temperature=0)
+    assert with_ref.tokens == earlier.tokens == without.tokens
+    assert with_ref.stats.n_accept >= 32 > without.stats.n_accept, (with_ref.stats.summary(),
+                                                                   without.stats.summary())
+
+
+def test_dynamic_cache_is_written_and_reused(make_spec, tmp_path):
+    path = tmp_path / "dynamic.bin"
+    spec = make_spec(SMOL, lookup=LookupConfig(cache_dynamic=str(path)))
+    first = spec.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
+    assert path.is_file() and len(NgramCache.load(path)) > 0
+    again = make_spec(SMOL, lookup=LookupConfig(cache_dynamic=str(path)))
+    second = again.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
+    assert second.tokens == first.tokens
+
+
+def test_bad_cache_files(make_spec, tmp_path, model_file):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a cache at all\n")
+    with pytest.raises(CacheFormatError):
+        make_spec(SMOL, lookup=LookupConfig(cache_static=str(text)))
+    big = NgramCache({(200000,): {1: 1}})
+    other_vocab = tmp_path / "other.bin"
+    big.save(other_vocab)
+    with pytest.raises(CacheFormatError, match="vocabulary"):
+        make_spec(SMOL, lookup=LookupConfig(cache_static=str(other_vocab)))
+    with pytest.raises(ConfigError):
+        LookupConfig(ngram_min=3, ngram_max=2)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_lookup_generate_create_and_stats(model_file, tmp_path):
+    smol = str(model_file(SMOL))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def add(a, b):\n    return a + b\n\n" * 20)
+    cache = tmp_path / "static.bin"
+    created = run("lookup", "create", "-m", smol, "-o", str(cache), str(corpus))
+    assert created.exit_code == 0, created.stderr
+    assert len(NgramCache.load(cache)) > 0
+    ref = tmp_path / "ref.txt"
+    ref.write_text("def add(a, b):\n    return a + b\n")
+    out = run("generate", "-m", smol, "--lookup", "--reference", str(ref), "--lookup-cache-static", str(cache),
+              "-p", chatml("Write the add function."), "-n", "24", "--temp", "0", "--json")
+    plain = run("generate", "-m", smol, "-p", chatml("Write the add function."), "-n", "24", "--temp", "0", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["text"] == json.loads(plain.stdout)["text"]
+    assert json.loads(out.stdout)["stats"]["strategy"] == "lookup"
+    stats = run("lookup", "stats", "-m", smol, "-f", str(corpus))
+    assert stats.exit_code == 0, stats.stderr
+    assert "n_drafted" in stats.stdout and "n_accept" in stats.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--reference", "/nonexistent/ref.txt"], "cannot read reference"),
+    (["--lookup-cache-static", "NOTES"], "not a valid n-gram cache"),
+    (["--lookup", "--lookup-ngram-min", "3", "--lookup-ngram-max", "2"], "n-gram sizes"),
+])
+def test_cli_lookup_bad_input(model_file, tmp_path, args, fragment):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    args = [str(notes) if a == "NOTES" else a for a in args]
+    result = run("generate", "-m", str(model_file(SMOL)), "-p", "hi", *args)
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], result.stderr
