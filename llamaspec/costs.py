@@ -43,10 +43,13 @@ class CostCurve:
         return CostCurve([1.0] * n_max, 0.0, 0, "ideal")
 
 
+PREFIX = 256  # tokens in the cache while measuring: attention over a typical prompt costs too
+
+
 def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2) -> CostCurve:
-    """Time decodes of n tokens (logits for every row) past what the context holds, then roll
-    them back; interpolate between the sizes measured. Needs 8 + max(sizes) free positions."""
-    filler = [max(ctx.model.bos, 0)] * 8
+    """Time decodes of n tokens (logits for every row) after PREFIX tokens past what the
+    context holds, then roll all of it back; interpolate between the sizes measured."""
+    filler = [max(ctx.model.bos, 0)] * min(PREFIX, max(ctx.n_ctx - len(ctx.tokens) - max(sizes) - 1, 1))
     base = len(ctx.tokens)
     ctx.eval(filler)
     best = {}
@@ -66,7 +69,7 @@ def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2) -> Cos
 
 
 def _key(path: Path, threads: int, backend: str) -> str:
-    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}"
+    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}"
 
 
 def _read_table(cache_file: Optional[Path]) -> dict:

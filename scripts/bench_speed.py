@@ -36,6 +36,17 @@ def run_once(spec: LlamaSpec, prompt: str, n: int) -> dict:
             "tokens_per_call": s.tokens_per_call, "python_share": s.python_share}
 
 
+def first_difference(plain: list, runs: list) -> str:
+    """"same", or where the first run that differs leaves plain's greedy output. A difference
+    can be legitimate: batches of different sizes may flip near-ties of the top two logits
+    (the tests check that every difference is such a near-tie)."""
+    for r in runs:
+        if r["tokens"] != plain:
+            i = next((i for i, (a, b) in enumerate(zip(r["tokens"], plain)) if a != b), len(plain))
+            return f"differs from token {i}"
+    return "same"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
@@ -60,7 +71,7 @@ def main() -> None:
     print(f"{a.model}, {a.n} tokens, greedy, {a.threads} threads, {a.repeat} runs each; "
           f"draft {a.draft} (draft-max {a.draft_max}, draft-p-min {a.draft_p_min})")
     print(f"{'prompt':20} {'strategy':13} {'decode t/s':>10} {'min-max':>11} {'vs plain':>8} "
-          f"{'accept':>7} {'tok/call':>8} {'python':>7}  same as plain")
+          f"{'accept':>7} {'tok/call':>8} {'python':>7}  output vs plain")
     for name in a.prompts.split(","):
         prompt = (DATA / f"{name}.txt").read_text(encoding="utf-8")
         for spec in specs.values():  # warm-up: page the weights in
@@ -73,7 +84,7 @@ def main() -> None:
         for s, rs in runs.items():
             tps = [r["decode_tps"] for r in rs]
             med = statistics.median(tps)
-            same = all(r["tokens"] == runs["plain"][0]["tokens"] for r in rs)
+            same = first_difference(runs["plain"][0]["tokens"], rs)
             print(f"{name:20} {s:13} {med:10.2f} {min(tps):5.1f}-{max(tps):<5.1f} {med / base:7.2f}x "
                   f"{statistics.median(r['accept'] for r in rs):6.1f}% "
                   f"{statistics.median(r['tokens_per_call'] for r in rs):8.2f} "

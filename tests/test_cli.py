@@ -138,3 +138,29 @@ def test_installed_console_script(smol):
     assert good.stdout.strip()
     module = subprocess.run([sys.executable, "-m", "llamaspec", "--help"], capture_output=True, text=True)
     assert module.returncode == 0 and "generate" in module.stdout
+
+
+def test_chat_ctrl_c_stops_the_reply_and_keeps_the_session(smol):
+    """SIGINT during a reply ends that reply only; the next question is answered."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([console_script(), "chat", "-m", smol, "-n", "2000", "--temp", "0", "-t", "2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1)
+    try:
+        proc.stdin.write("Count from one to five hundred, in words, one number per line.\n")
+        proc.stdin.flush()
+        first = proc.stdout.read(40)  # the reply has started streaming
+        assert first
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        proc.stdin.write("Say hello.\n/exit\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "[stopped]" in out
+    assert err.count("plain:") >= 1  # the second reply finished with its summary

@@ -181,3 +181,12 @@ def test_fifty_generations_do_not_leak(smol_self):
     run(50)
     growth = process.memory_info().rss - before
     assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 50 generations"
+
+
+def test_failed_decode_raises_our_error(smol_plain):
+    from llamaspec import DecodeError
+    ctx = smol_plain.ctx
+    n = len(ctx.tokens)
+    with pytest.raises(DecodeError, match="llama_decode failed"):
+        ctx.eval([smol_plain.model.n_vocab + 10])  # a token id outside the vocabulary
+    assert len(ctx.tokens) == n and ctx.pos_max(0) == n - 1

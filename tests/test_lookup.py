@@ -78,8 +78,8 @@ def test_sync_follows_appends_and_rebuilds_on_rewrite():
 def test_draft_length_follows_the_cost_curve_and_the_evidence():
     flat = DraftLength(CostCurve.flat())
     assert flat.choose(10, 3) == 10  # verification is free: verify everything
-    cpu = DraftLength(CPU)
-    assert cpu.choose(10, 3) == 0  # prior 0.5: nothing pays on a CPU
+    cpu = DraftLength(CPU, priors={})
+    assert cpu.choose(10, 3) == 0  # neutral prior 0.5: nothing pays on a CPU
     for _ in range(10):
         cpu.record(4, 15, 13)  # long drafts mostly accepted after 4-token matches
     assert 0.9 < cpu.acceptance(4) < 0.95
@@ -90,8 +90,14 @@ def test_draft_length_follows_the_cost_curve_and_the_evidence():
     assert cpu.choose(31, 4) == 0
 
 
+def test_default_priors_trust_long_matches_only():
+    d = DraftLength(CPU)
+    assert d.choose(31, 4) > 8  # a 4-token match: start copying at once
+    assert d.choose(31, 1) == 0  # a 1-token match: wait for evidence
+
+
 def test_draft_length_evidence_decays_back_towards_the_prior():
-    d = DraftLength(CPU, decay=0.5)
+    d = DraftLength(CPU, priors={}, decay=0.5)
     d.record(2, 10, 0)
     low = d.acceptance(2)
     for _ in range(10):

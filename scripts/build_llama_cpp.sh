@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build llama.cpp's example programs from the llama.cpp sources vendored in the sdist of the
+# installed llama-cpp-python, so that llama.cpp's programs and llamaspec run the same llama.cpp.
+#
+#   bash scripts/build_llama_cpp.sh [OUT_DIR]      (prints the directory holding the programs)
+#
+# OUT_DIR defaults to ~/.cache/llamaspec/llama.cpp-VERSION. Extra CMake flags come from
+# CMAKE_ARGS (e.g. CMAKE_ARGS="-DGGML_CUDA=on"). Takes about 10 minutes on 2 cores.
+set -euo pipefail
+python=${PYTHON:-python}
+version=$("$python" -c "import llama_cpp; print(llama_cpp.__version__)")
+out="${1:-$HOME/.cache/llamaspec/llama.cpp-$version}"
+src="$out/src"
+mkdir -p "$src"
+sdist="$src/llama_cpp_python-$version.tar.gz"
+if [ ! -f "$sdist" ]; then
+    "$python" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$src" >&2
+fi
+tree="$src/llama_cpp_python-$version/vendor/llama.cpp"
+[ -d "$tree" ] || tar xzf "$sdist" -C "$src"
+targets="llama-speculative-simple llama-lookup llama-lookup-create llama-lookup-stats llama-lookahead llama-completion llama-bench"
+# shellcheck disable=SC2086
+cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF ${CMAKE_ARGS:-} >&2
+# shellcheck disable=SC2086
+cmake --build "$out/build" --config Release -j "$(nproc 2>/dev/null || echo 2)" --target $targets >&2
+echo "$out/build/bin"
