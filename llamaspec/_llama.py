@@ -317,10 +317,13 @@ class Context:
 
     # --- KV cache -------------------------------------------------------------------
     def truncate(self, n: int) -> None:
-        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache."""
-        if n < len(self.tokens):
-            self.seq_rm(0, n, -1)
-            del self.tokens[n:]
+        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache.
+
+        Removes positions >= n even when ``tokens`` says there are none: a Ctrl-C that lands
+        between llama_decode's return and the update of ``tokens`` leaves a cell unrecorded.
+        """
+        self.seq_rm(0, n, -1)
+        del self.tokens[n:]
 
     def sync(self, tokens: Sequence[int], n: int) -> int:
         """Make sequence 0 hold exactly ``tokens[:n]``: keep the common prefix, evaluate the rest.

@@ -322,11 +322,16 @@ def lookup_group() -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @cache_option
 def lookup_create(model: str, output: Path, files: List[Path], cache_dir: Optional[Path]) -> None:
-    """Build a static n-gram cache from text FILES (llama-lookup-create's format and 2-grams)."""
+    """Build a static n-gram cache from text FILES (llama-lookup-create's format and 2-grams).
+
+    Each file is tokenized as llama-lookup-create tokenizes its -f file (one trailing newline
+    dropped, BOS added, special tokens parsed), so one file gives the same cache as it does.
+    """
     vocab = Model(models.resolve_model(model, cache_dir), vocab_only=True)
     cache = NgramCache()
     for f in files:
-        tokens = vocab.tokenize(_read(f), add_special=False, parse_special=False)
+        text = _read(f)
+        tokens = vocab.tokenize(text[:-1] if text.endswith("\n") else text, add_special=True, parse_special=True)
         cache.update(tokens, NGRAM_STATIC, NGRAM_STATIC, len(tokens))
     cache.save(output)
     click.echo(f"{output}: {len(cache)} n-grams from {len(files)} file(s)", err=True)

@@ -134,3 +134,22 @@ def test_cli_lookup_bad_input(model_file, tmp_path, args, fragment):
     assert result.exit_code != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], result.stderr
+
+
+def test_static_cache_equals_llama_lookup_create(model_file, tmp_path):
+    """tests/data/lookup_create_smollm2.bin was written by llama.cpp's own llama-lookup-create
+    (built by scripts/build_llama_cpp.sh) from llamaspec/data/baseline_type_hints.txt:
+        llama-lookup-create -m SmolLM2-135M-Instruct.Q4_1.gguf -f baseline_type_hints.txt -lcs FILE
+    Ours, from the same text and tokenizer, must hold exactly the same n-grams and counts."""
+    theirs = NgramCache.load(Path(__file__).parent / "data" / "lookup_create_smollm2.bin")
+    ours_file = tmp_path / "ours.bin"
+    result = run("lookup", "create", "-m", str(model_file(SMOL)), "-o", str(ours_file),
+                 str(DATA / "baseline_type_hints.txt"))
+    assert result.exit_code == 0, result.stderr
+    ours = NgramCache.load(ours_file)
+    assert len(theirs) > 100
+    assert ours == theirs
+    # what we write of their cache is byte for byte their file (records keep their order)
+    resaved = tmp_path / "resaved.bin"
+    theirs.save(resaved)
+    assert resaved.read_bytes() == (Path(__file__).parent / "data" / "lookup_create_smollm2.bin").read_bytes()
