@@ -153,3 +153,16 @@ def test_static_cache_equals_llama_lookup_create(model_file, tmp_path):
     resaved = tmp_path / "resaved.bin"
     theirs.save(resaved)
     assert resaved.read_bytes() == (Path(__file__).parent / "data" / "lookup_create_smollm2.bin").read_bytes()
+
+
+def test_lookup_with_draft_model_tries_lookup_first(make_spec, smol_plain):
+    spec = make_spec(SMOL, SMOL, lookup=LookupConfig(), draft_max=4, draft_p_min=0.0)
+    assert spec.engine.drafter.name == "lookup+draft"
+    prompt = chatml("Fix the spelling and repeat: 'The quik brown fox jumps over the lazy dog. "
+                    "The quik brown fox jumps over the lazy dog.'")
+    plain = smol_plain.generate(prompt, max_tokens=48, temperature=0)
+    both = spec.generate(prompt, max_tokens=48, temperature=0)
+    assert both.tokens == plain.tokens
+    check_stats(both.stats, len(both.tokens) + (both.stop_reason == "stop"))
+    assert both.stats.n_accept > 0
+    assert_kv_invariant(spec)
