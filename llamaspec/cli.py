@@ -127,12 +127,7 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
 
 def _lookup_options(o: dict) -> tuple:
     """The LookupConfig (None when lookup is off) and the reference texts."""
-    texts = []
-    for path in o["references"]:
-        try:
-            texts.append(Path(path).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise click.UsageError(f"cannot read reference {path}: {e.strerror}") from None
+    texts = [_read(path, "reference ") for path in o["references"]]
     wanted = o["lookup"] or texts or o["lookup_cache_static"] or o["lookup_cache_dynamic"]
     if not wanted:
         return None, []
@@ -156,10 +151,7 @@ def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
     if prompt is not None and file is not None:
         raise click.UsageError("give the prompt with -p or -f, not both")
     if file is not None:
-        try:
-            return file.read_text(encoding="utf-8")
-        except OSError as e:
-            raise click.UsageError(f"cannot read prompt file {file}: {e.strerror}") from None
+        return _read(file, "prompt file ")
     if prompt is not None:
         return prompt
     if sys.stdin is None or sys.stdin.isatty():
@@ -369,18 +361,19 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     if len(prompt) + len(text) < 2:
         raise click.UsageError("the text is too short to replay")
     refs = [vocab.tokenize(_read(r), add_special=False, parse_special=False) for r in references]
-    curve = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
+    measured = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
+    curve = measured or CostCurve.flat()
     caches = NgramCaches.open(cfg, vocab.n_vocab) if lookup_cache_static or lookup_cache_dynamic else None
     drafter = LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, policy, refs),
-                            DraftLength(curve or CostCurve.flat()), draft_max, caches)
+                            DraftLength(curve), draft_max, caches)
     n_prompt = max(len(prompt), 1)
-    stats = replay(drafter, prompt + text, n_prompt, (curve or CostCurve.flat()).cost, draft_max)
+    stats = replay(drafter, prompt + text, n_prompt, curve.cost, draft_max)
     click.echo(f"n_predict    = {stats.n_tokens}")
     click.echo(f"n_drafted    = {stats.n_drafted}")
     click.echo(f"n_accept     = {stats.n_accept}")
     click.echo(f"accept       = {stats.accept:.3f}%")
     click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / stats.n_steps:.2f} tokens per call)")
-    if curve:
+    if measured:
         click.echo(f"predicted    = {stats.speedup:.2f}x plain decoding with the measured cost curve "
                    f"({curve.threads} threads, {curve.backend}: {curve_summary(curve)})")
     else:
@@ -388,11 +381,11 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
                    "run a --lookup generation once to measure it (lengths were chosen for a GPU-like flat curve)")
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, what: str = "") -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise click.UsageError(f"cannot read {path}: {e.strerror}") from None
+        raise click.UsageError(f"cannot read {what}{path}: {e.strerror}") from None
 
 
 def main() -> None:

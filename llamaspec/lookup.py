@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, DefaultDict, List, Sequence, Tuple
+from typing import Any, Callable, DefaultDict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class TokenIndex:
 
     def ends(self, ngram: Tuple[int, ...]) -> List[int]:
         return self._ends.get(ngram, [])
+
+
+def appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:
+    """How many tokens ``new`` adds to ``old``, or None when it is not an extension of it."""
+    n = len(old)
+    if len(new) >= n and list(new[:n]) == list(old):
+        return len(new) - n
+    return None
 
 
 def _left_context(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = 64) -> int:
@@ -80,10 +88,9 @@ class PromptLookup:
     def sync(self, tokens: Sequence[int]) -> bool:
         """Follow ``tokens``: index what was appended, or rebuild (and return True) if it is
         not an extension of the history."""
-        seen = self.history.tokens
-        n = len(seen)
-        if len(tokens) >= n and (n == 0 or (tokens[n - 1] == seen[-1] and list(tokens[:n]) == seen)):
-            self.history.extend(tokens[n:])
+        n_new = appended(self.history.tokens, tokens)
+        if n_new is not None:
+            self.history.extend(tokens[len(tokens) - n_new:])
             return False
         self.reset(tokens)
         return True

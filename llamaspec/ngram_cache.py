@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import CacheFormatError, ConfigError
+from .lookup import appended
 
 LLAMA_TOKEN_NULL = -1
 NGRAM_MIN = 1  # llama.cpp's LLAMA_NGRAM_MIN
@@ -378,7 +379,7 @@ class NgramCaches:
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Add the n-grams of what was appended to the context cache (rebuild after a rewrite)."""
-        n_new = _appended(self._followed, tokens)
+        n_new = appended(self._followed, tokens)
         if n_new is None:
             self.context, n_new = NgramCache(), len(tokens)
         self.context.update(tokens, self.ngram_min, self.ngram_max, n_new)
@@ -394,15 +395,8 @@ class NgramCaches:
         """A generation ended: add its new n-grams to the dynamic cache and save it."""
         if self.dynamic_path is None:
             return
-        n_new = _appended(self._finished, tokens)
+        n_new = appended(self._finished, tokens)
         self.dynamic.update(tokens, self.ngram_min, self.ngram_max, len(tokens) if n_new is None else n_new)
         self._finished = list(tokens)
         self.dynamic.save(self.dynamic_path)
 
-
-def _appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:
-    """How many tokens ``new`` adds to ``old``, or None when it is not an extension of it."""
-    n = len(old)
-    if len(new) >= n and list(new[:n]) == list(old):
-        return len(new) - n
-    return None
