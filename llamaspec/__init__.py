@@ -7,7 +7,7 @@
 """
 
 from .api import Chunk, LlamaSpec, Result, load
-from .config import DraftConfig, GenerationConfig, LookupConfig, ModelConfig, SamplingConfig
+from .config import DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig
 from .errors import (
     CacheFormatError,
     ConfigError,
@@ -32,6 +32,7 @@ __all__ = [
     "GenerationConfig",
     "LlamaSpec",
     "LlamaspecError",
+    "LookaheadConfig",
     "LookupConfig",
     "ModelConfig",
     "ModelError",

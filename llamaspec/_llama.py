@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Deque, Iterable, List, Optional, Sequence
+from typing import Deque, Iterable, List, Optional, Sequence, Tuple
 
 import gguf
 import numpy as np
@@ -175,6 +175,10 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
 
+# One batch row of another sequence: (token, position offset, sequence ids, logits?).
+Row = Tuple[int, int, Sequence[int], bool]
+
+
 class Batch:
     """A llama_batch with numpy views on its arrays, filled without per-token ctypes calls."""
 
@@ -317,13 +321,48 @@ class Context:
 
     # --- KV cache -------------------------------------------------------------------
     def truncate(self, n: int) -> None:
-        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache.
+        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache, and
+        every other sequence whole (they only live within one :meth:`eval_rows` step).
 
         Removes positions >= n even when ``tokens`` says there are none: a Ctrl-C that lands
         between llama_decode's return and the update of ``tokens`` leaves a cell unrecorded.
         """
         self.seq_rm(0, n, -1)
+        for seq in range(1, self.n_seq_max):
+            self.seq_rm(seq, -1, -1)
         del self.tokens[n:]
+
+    def eval_rows(self, token: int, rows: Sequence[Row]) -> int:
+        """One decode: ``token`` appended to sequence 0 (logits on), and ``rows`` of other
+        sequences, each ``(token, offset from token's position, sequence ids, logits?)``.
+
+        Every other sequence first shares sequence 0's cells (seq_cp adds a sequence id to
+        a cell, it copies nothing), so its rows see the whole prefix and ``token``.
+        Returns how many output rows the decode produced (``token``'s is row 0).
+        """
+        n = len(self.tokens)
+        seqs = sorted({s for row in rows for s in row[2]})
+        if seqs and (seqs[0] < 1 or seqs[-1] >= self.n_seq_max):
+            raise DecodeError(f"sequence ids must be in 1..{self.n_seq_max - 1}, got {seqs}")
+        for seq in seqs:
+            self.seq_cp(0, seq)
+        b = self.batch
+        b.clear()
+        b.add(token, n, [0, *seqs], True)
+        for t, offset, ids, logits in rows:
+            b.add(t, n + offset, ids, logits)
+        self.decode()
+        self.tokens.append(token)
+        return 1 + sum(1 for row in rows if row[3])
+
+    def keep_branch(self, seq: int, tokens: Sequence[int]) -> None:
+        """After :meth:`eval_rows`: ``tokens``, the first rows of sequence ``seq`` after the
+        last token, join sequence 0; every other sequence is dropped."""
+        n = len(self.tokens)
+        if tokens:
+            self.seq_cp(seq, 0, n, n + len(tokens))
+            self.tokens.extend(tokens)
+        self.truncate(len(self.tokens))
 
     def sync(self, tokens: Sequence[int], n: int) -> int:
         """Make sequence 0 hold exactly ``tokens[:n]``: keep the common prefix, evaluate the rest.
@@ -352,6 +391,9 @@ class Context:
     def pos_max(self, seq: int = 0) -> int:
         return ll.llama_memory_seq_pos_max(self._mem, seq)
 
+    def pos_min(self, seq: int = 0) -> int:
+        return ll.llama_memory_seq_pos_min(self._mem, seq)
+
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
         self.tokens.clear()
@@ -368,6 +410,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def system_info() -> str:
     _ensure_backend()
     return ll.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def max_sequences() -> int:
+    """The most KV-cache sequences one context may have in this llama.cpp build."""
+    return int(ll.llama_max_parallel_sequences())
 
 
 def supports_gpu_offload() -> bool:

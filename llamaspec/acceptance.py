@@ -87,3 +87,28 @@ def verify_sampled(
         ids, p_dense, q_dense = align(p, q)
         return i, sample(Distribution(ids, residual(p_dense, q_dense)), rng)
     return len(draft), sample(p_row(len(draft)), rng)
+
+
+def verify_branches(choose: Callable[[int], int], branches: Sequence[Sequence[int]],
+                    rows: Sequence[Sequence[int]]) -> Tuple[int, int, int]:
+    """Verification of several candidate continuations at once: (branch, number accepted,
+    next token).
+
+    ``choose(r)`` is the target's token for output row ``r`` (its argmax, or a sample of p
+    there); row 0 follows the accepted sequence, ``rows[b][j]`` follows ``branches[b][:j + 1]``.
+    Walk down the branches that agree with the target so far: at each depth the target picks
+    its token x from the row of one surviving branch (all survivors share that prefix, so the
+    row is the same p), and only branches whose next token is x survive. Every emitted token
+    is the target's own choice, so greedy output is plain greedy output and sampled output is
+    distributed as p.
+    """
+    alive = list(range(len(branches)))
+    best, depth, row = 0, 0, 0
+    while True:
+        x = choose(row)
+        alive = [b for b in alive if len(branches[b]) > depth and branches[b][depth] == x]
+        if not alive:
+            return best, depth, x
+        best = alive[0]
+        row = rows[best][depth]
+        depth += 1

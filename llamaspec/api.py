@@ -12,10 +12,11 @@ import numpy as np
 from ._llama import Context, Model
 from .chat import ChatTemplate, Message
 from . import models
-from .config import DraftConfig, GenerationConfig, LookupConfig, ModelConfig, SamplingConfig
+from .config import DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig
 from .costs import load_or_measure
 from .draft_length import DraftLength
 from .drafters import ChainDrafter, DraftModelDrafter, Drafter, LookupDrafter, NoDrafter
+from .lookahead import LookaheadDrafter, check_fits
 from .lookup import PromptLookup
 from .ngram_cache import NgramCaches
 from .engine import Engine
@@ -60,19 +61,24 @@ class LlamaSpec:
     def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
                  progress: bool = True, lookup: Optional[LookupConfig] = None,
-                 references: Sequence[str] = ()) -> None:
-        """``lookup`` turns on lookup decoding (tried before the draft model when both are
-        given); ``references`` are texts whose tokens lookup may copy."""
+                 references: Sequence[str] = (), lookahead: Optional[LookaheadConfig] = None) -> None:
+        """``lookup`` turns on lookup decoding, ``lookahead`` lookahead decoding (tried in that
+        order, then the draft model); ``references`` are texts lookup and lookahead may copy."""
         self.target_config, self.draft_config = target, draft_config
+        n_seq = check_fits(lookahead, target.n_ctx, target.n_batch) if lookahead is not None else 1
         self.model = Model(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
         if draft is not None:
             self.draft_model = Model(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
             check_compatible(self.model, self.draft_model)
-        self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch)
+        self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
+        ref_tokens = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
         drafters: List[Drafter] = []
         if lookup is not None:
-            drafters.append(self._lookup_drafter(lookup, references, cache_dir))
+            drafters.append(self._lookup_drafter(lookup, ref_tokens, cache_dir))
+        if lookahead is not None:
+            costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
+            drafters.append(LookaheadDrafter(self.ctx, lookahead, DraftLength(costs), ref_tokens))
         if draft is not None and self.draft_model is not None:
             draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
             drafters.append(DraftModelDrafter(draft_ctx, draft_config))
@@ -80,9 +86,8 @@ class LlamaSpec:
         self.engine = Engine(self.ctx, drafter)
         self._template: Optional[ChatTemplate] = None
 
-    def _lookup_drafter(self, cfg: LookupConfig, references: Sequence[str],
+    def _lookup_drafter(self, cfg: LookupConfig, ref_tokens: List[List[int]],
                         cache_dir: Optional[Path]) -> LookupDrafter:
-        ref_tokens = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
         costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
         caches = NgramCaches.open(cfg, self.model.n_vocab) if (cfg.cache_static or cfg.cache_dynamic) else None
         return LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, cfg.policy, ref_tokens),
@@ -163,6 +168,7 @@ class LlamaSpec:
             stats.t_decode = time.perf_counter() - t0
             stats.t_llama = sum(c.t_llama for c in contexts) - busy0
             self.engine.drafter.finish(self.engine.tokens)
+            stats.extra = self.engine.drafter.extra_stats()
         tail = text.flush()
         yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
 
@@ -203,13 +209,15 @@ def _last(chunks: Iterator[Chunk]) -> Result:
 
 
 def load(model: str, draft: Optional[str] = None, *, lookup: Union[bool, LookupConfig] = False,
-         references: Sequence[str] = (), n_ctx: int = 4096, n_threads: Optional[int] = None,
+         lookahead: Union[bool, LookaheadConfig] = False, references: Sequence[str] = (), n_ctx: int = 4096, n_threads: Optional[int] = None,
          n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0, draft_max: int = 16, draft_min: int = 0,
          draft_p_min: float = 0.75, cache_dir: Optional[Path] = None, progress: bool = True) -> LlamaSpec:
     """Load a target model (a GGUF path or a models.txt name), optionally a draft model, and
-    optionally lookup decoding (``lookup=True`` or a LookupConfig; ``references``: texts)."""
+    optionally lookup decoding (``lookup=True`` or a LookupConfig; ``references``: texts) and
+    lookahead decoding (``lookahead=True`` or a LookaheadConfig)."""
     target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft) if draft else None
     lookup_cfg = LookupConfig() if lookup is True else (lookup or None)
+    lookahead_cfg = LookaheadConfig() if lookahead is True else (lookahead or None)
     return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress,
-                     lookup_cfg, references)
+                     lookup_cfg, references, lookahead_cfg)

@@ -128,3 +128,25 @@ class LookupConfig:
         _check(self.policy in ("longest", "recent", "frequent"),
                f"lookup policy must be longest, recent or frequent, got {self.policy!r}")
         _check(self.draft_max >= 1, f"lookup draft-max must be >= 1, got {self.draft_max}")
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Lookahead decoding: a window of ``w`` columns by ``n - 1`` levels of Jacobi guesses,
+    n-grams of ``n`` tokens, up to ``g`` candidates verified per step (see ``lookahead.py``).
+
+    ``adaptive`` sizes each step from the measured cost curve (candidates cut to the length
+    that pays, the window decoded only where it is nearly free); without it every step
+    decodes the whole window and all candidates, as llama.cpp's llama-lookahead does.
+    """
+
+    w: int = 4
+    n: int = 4
+    g: int = 4
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.w >= 0, f"lookahead W must be >= 0, got {self.w}")
+        _check(self.n >= 2, f"lookahead N must be >= 2, got {self.n}")
+        _check(self.g >= 0, f"lookahead G must be >= 0, got {self.g}")
+        _check(self.w + self.g >= 1, "lookahead needs a window (W >= 1) or candidates (G >= 1)")

@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 
-from ._llama import Context
+from ._llama import Context, Row
 from .config import DraftConfig, SamplingConfig
 from .draft_length import DraftLength
 from .lookup import PromptLookup
@@ -21,16 +21,46 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Tree:
+    """Candidates verified side by side in one decode, each on its own KV-cache sequence, and
+    rows that only ride along (lookahead's window). The drafter lays out the batch:
+
+    - ``rows``: every row after the pending token, ``(token, offset, sequence ids, logits?)``;
+    - ``branches[b]`` lives on sequence ``seqs[b]``; ``outputs[b][j]`` is the output row
+      (row 0: the pending token's) of ``branches[b][j]``;
+    - ``on_decoded(logits)`` sees every output row right after the decode.
+    """
+
+    branches: List[List[int]]
+    seqs: List[int]
+    outputs: List[List[int]]
+    rows: List[Row]
+    on_decoded: Callable[[np.ndarray], None]
+
+
+@dataclass
 class Proposal:
     """Draft tokens, and for sampled drafts the distribution q each one was drawn from.
 
     ``q`` is None for deterministic drafts (q is a point mass on the drafted token).
+    A ``tree`` replaces ``tokens`` when several candidates are verified at once.
     """
 
     tokens: List[int] = field(default_factory=list)
     q: Optional[List[Distribution]] = None
+    tree: Optional[Tree] = None
 
     def __len__(self) -> int:
+        """Drafted tokens the target verifies."""
+        if self.tree is not None:
+            return sum(len(b) for b in self.tree.branches)
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """The most tokens this step can accept from the proposal."""
+        if self.tree is not None:
+            return max((len(b) for b in self.tree.branches), default=0)
         return len(self.tokens)
 
 
@@ -53,6 +83,9 @@ class Drafter(Protocol):
     def finish(self, tokens: Sequence[int]) -> None:
         """The generation is over; keep what should outlive it (a dynamic n-gram cache)."""
 
+    def extra_stats(self) -> Dict[str, int]:
+        """Counters of this strategy for the statistics (lookahead: pool size and hits)."""
+
 
 class NoDrafter:
     """Plain decoding: never proposes."""
@@ -74,6 +107,9 @@ class NoDrafter:
 
     def finish(self, tokens: Sequence[int]) -> None:
         pass
+
+    def extra_stats(self) -> Dict[str, int]:
+        return {}
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -141,6 +177,9 @@ class DraftModelDrafter:
     def finish(self, tokens: Sequence[int]) -> None:
         pass
 
+    def extra_stats(self) -> Dict[str, int]:
+        return {}
+
 
 class LookupDrafter:
     """Drafts copied from what the model has seen: the prompt, its own output, reference
@@ -190,6 +229,9 @@ class LookupDrafter:
         if self.caches is not None:
             self.caches.finish(tokens)
 
+    def extra_stats(self) -> Dict[str, int]:
+        return {}
+
 
 class ChainDrafter:
     """Asks each drafter in turn and verifies the first proposal (lookup before a draft model)."""
@@ -210,7 +252,7 @@ class ChainDrafter:
                 rng: np.random.Generator) -> Proposal:
         for d in self.drafters:
             proposal = d.propose(tokens, max_len, sampling, rng)
-            if proposal.tokens:
+            if proposal.tokens or proposal.tree is not None:
                 self._used = d
                 return proposal
         self._used = None
@@ -224,3 +266,6 @@ class ChainDrafter:
     def finish(self, tokens: Sequence[int]) -> None:
         for d in self.drafters:
             d.finish(tokens)
+
+    def extra_stats(self) -> Dict[str, int]:
+        return {k: v for d in self.drafters for k, v in d.extra_stats().items()}

@@ -10,6 +10,10 @@ One step::
     target.decode([tokens[-1], d_1 .. d_k])       # ONE llama_decode, logits for every row
     accept d_1 .. d_m, then one token from the target (the correction, or the bonus when m == k)
     roll every cache back to tokens[:-1]          # Engine._rewind, the only place that trims
+
+A proposal may instead be a Tree (lookahead): several candidates, each on its own KV-cache
+sequence, plus rows that ride along. The same step verifies it: the accepted candidate's
+cells join sequence 0 and every other sequence is dropped.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from typing import Iterator, List, Sequence, Tuple
 import numpy as np
 
 from ._llama import Context
-from .acceptance import verify_greedy, verify_sampled
+from .acceptance import verify_branches, verify_greedy, verify_sampled
 from .config import SamplingConfig
-from .drafters import Drafter, Proposal
+from .drafters import Drafter, Proposal, Tree
 from .errors import PromptError
-from .sampling import Distribution, transform
+from .sampling import Distribution, sample, transform
 from .stats import Stats
 
 
@@ -74,27 +78,47 @@ class Engine:
                 t0 = time.perf_counter()
                 proposal = self.drafter.propose(self.tokens, k_max, sampling, rng) if k_max > 0 else Proposal()
                 stats.t_draft += time.perf_counter() - t0
-                n_accepted, token = self._verify(proposal, sampling, rng)
-                new = proposal.tokens[:n_accepted] + [token]
+                accepted, token = self._verify(proposal, sampling, rng)
+                new = accepted + [token]
                 self.tokens.extend(new)
                 self._rewind(len(self.tokens))
-                self.drafter.accepted(self.tokens, len(proposal), n_accepted)
-                stats.record_step(len(proposal), n_accepted, len(new))
+                self.drafter.accepted(self.tokens, len(proposal), len(accepted))
+                stats.record_step(len(proposal), len(accepted), len(new), proposal.depth)
                 emitted += len(new)
-                yield new, n_accepted
+                yield new, len(accepted)
         finally:
             self._rewind(len(self.tokens))
 
     def _verify(self, proposal: Proposal, sampling: SamplingConfig,
-                rng: np.random.Generator) -> Tuple[int, int]:
-        """Evaluate the pending token and the draft in one batch; return (n accepted, next token)."""
+                rng: np.random.Generator) -> Tuple[List[int], int]:
+        """Evaluate the pending token and the draft in one batch; return (accepted, next token)."""
+        if proposal.tree is not None:
+            return self._verify_tree(proposal.tree, sampling, rng)
         draft = proposal.tokens
         self.target.eval([self.tokens[-1], *draft], logits="all")
         rows = self.target.logits(len(draft) + 1)  # row i is p(. | tokens, d_1 .. d_i)
         if sampling.greedy:
-            return verify_greedy(rows.argmax(axis=1), np.asarray(draft, dtype=np.int64))
-        q = proposal.q or [Distribution.point(x) for x in draft]
-        return verify_sampled(lambda i: transform(rows[i], sampling), q, draft, rng)
+            n, token = verify_greedy(rows.argmax(axis=1), np.asarray(draft, dtype=np.int64))
+        else:
+            q = proposal.q or [Distribution.point(x) for x in draft]
+            n, token = verify_sampled(lambda i: transform(rows[i], sampling), q, draft, rng)
+        return draft[:n], token
+
+    def _verify_tree(self, tree: Tree, sampling: SamplingConfig,
+                     rng: np.random.Generator) -> Tuple[List[int], int]:
+        n_out = self.target.eval_rows(self.tokens[-1], tree.rows)
+        rows = self.target.logits(n_out)
+        tree.on_decoded(rows)
+        if sampling.greedy:
+            def choose(r: int) -> int:
+                return int(rows[r].argmax())
+        else:
+            def choose(r: int) -> int:  # a sample of p at that row
+                return sample(transform(rows[r], sampling), rng)
+        b, n, token = verify_branches(choose, tree.branches, tree.outputs)
+        accepted = tree.branches[b][:n] if n else []
+        self.target.keep_branch(tree.seqs[b] if n else 0, accepted)
+        return accepted, token
 
     def rewind(self, n: int) -> None:
         """Keep the first ``n`` accepted tokens (the n-th becomes the pending one)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Stats:
     t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
     drafted_by_pos: List[int] = field(default_factory=list)  # drafts that reached position i
     accepted_by_pos: List[int] = field(default_factory=list)  # drafts accepted at position i
+    extra: Dict[str, int] = field(default_factory=dict)  # the strategy's own counters (lookahead: pool_size, pool_hits)
 
     @property
     def accept(self) -> float:
@@ -55,11 +56,14 @@ class Stats:
         """Share of drafts reaching position i that were accepted there."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
 
-    def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int) -> None:
+    def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int, depth: Optional[int] = None) -> None:
+        """One target call. ``depth``: the longest candidate when several were verified side
+        by side (the by-position counts follow it), else ``n_drafted``."""
         self.n_target_calls += 1
         self.n_predict += n_emitted
         self.n_drafted += n_drafted
         self.n_accept += n_accepted
+        n_drafted = n_drafted if depth is None else depth
         grow = n_drafted - len(self.drafted_by_pos)
         if grow > 0:
             self.drafted_by_pos.extend([0] * grow)
@@ -83,4 +87,6 @@ class Stats:
                 f"{self.tokens_per_call:.2f} tokens/call")
         if self.n_drafted:
             line += f", n_drafted = {self.n_drafted}, n_accept = {self.n_accept}, accept = {self.accept:.1f}%"
+        for key, value in self.extra.items():
+            line += f", {key} = {value}"
         return line

@@ -50,10 +50,11 @@ def model_file():
 
 
 def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, lookup=None, references=(),
-          **draft_cfg) -> LlamaSpec:
+          lookahead=None, **draft_cfg) -> LlamaSpec:
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
-    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references)
+    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
+                     lookahead=lookahead)
 
 
 @pytest.fixture(scope="session")

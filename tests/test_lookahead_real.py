@@ -1,0 +1,153 @@
+"""Lookahead decoding on real models: greedy equality, the KV invariant with many sequences,
+sampling, statistics, refused parameters, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from llamaspec import ConfigError, LlamaSpec, LookaheadConfig, ModelConfig, SamplingConfig, Stats
+from llamaspec.cli import cli
+
+from conftest import PROMPTS, QWEN, SMOL, THREADS
+from test_greedy_real import N_TOKENS, check_greedy
+
+DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
+CODE_EDIT = (DATA / "baseline_type_hints.txt").read_text()
+OPEN_CHAT = (DATA / "open_chat.txt").read_text()
+# every step carries the window and all candidates, so the multi-sequence path always runs
+FIXED = LookaheadConfig(w=4, n=4, g=3, adaptive=False)
+
+
+@pytest.fixture(scope="module")
+def smol_fixed(make_spec):
+    return make_spec(SMOL, lookahead=FIXED)
+
+
+@pytest.fixture(scope="module")
+def qwen_lookahead(make_spec):
+    return make_spec(QWEN, lookahead=LookaheadConfig())
+
+
+def assert_only_sequence_zero(spec):
+    """Sequence 0 holds exactly the accepted tokens but the pending one; no other sequence
+    holds any cell."""
+    engine, ctx = spec.engine, spec.ctx
+    n_past = len(engine.tokens) - 1
+    assert ctx.pos_min(0) == 0 and ctx.pos_max(0) == n_past - 1
+    assert ctx.tokens == engine.tokens[:n_past]
+    for seq in range(1, ctx.n_seq_max):
+        assert ctx.pos_max(seq) == -1 and ctx.pos_min(seq) == -1, f"sequence {seq} has stale cells"
+
+
+def check_stats(stats: Stats, n_tokens: int):
+    assert stats.n_predict == stats.n_accept + stats.n_target_calls == n_tokens
+    assert stats.n_accept <= stats.n_drafted
+    assert stats.extra["pool_size"] > 0 and 0 <= stats.extra["pool_hits"] <= stats.n_target_calls
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_smollm2_fixed_window_greedy_equals_plain(smol_plain, smol_fixed, reference, i):
+    prompt = PROMPTS[i]
+    plain = smol_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    spec = smol_fixed.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    compared, _ = check_greedy(reference(SMOL), smol_fixed.tokenize(prompt), plain.tokens, spec.tokens,
+                               f"smollm2 lookahead {FIXED}, prompt {i}")
+    assert compared == N_TOKENS
+    check_stats(spec.stats, N_TOKENS)
+    assert spec.stats.strategy == "lookahead"
+
+
+@pytest.mark.parametrize("prompt", [CODE_EDIT, OPEN_CHAT], ids=["code-edit", "open-chat"])
+def test_qwen_lookahead_greedy_equals_plain(qwen_plain, qwen_lookahead, reference, prompt):
+    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    spec = qwen_lookahead.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    compared, _ = check_greedy(reference(QWEN), qwen_lookahead.tokenize(prompt), plain.tokens, spec.tokens,
+                               "qwen lookahead (defaults)")
+    assert compared == N_TOKENS
+    check_stats(spec.stats, N_TOKENS)
+
+
+def test_qwen_fixed_window_on_the_code_edit(make_spec, qwen_plain, reference):
+    """The whole window and candidates every step, on the real target: same greedy text, and the
+    prompt-seeded pool gets candidates accepted from the start."""
+    spec = make_spec(QWEN, lookahead=LookaheadConfig(w=3, n=4, g=2, adaptive=False))
+    n = 48
+    plain = qwen_plain.generate(CODE_EDIT, max_tokens=n, temperature=0)
+    result = spec.generate(CODE_EDIT, max_tokens=n, temperature=0)
+    argmax, gap = reference(QWEN).top2(spec.tokenize(CODE_EDIT), result.tokens)
+    differ = [i for i, (a, b) in enumerate(zip(argmax, result.tokens)) if a != b]
+    assert all(gap[i] < 0.5 for i in differ), differ
+    assert result.stats.n_accept > 10 and result.stats.extra["pool_hits"] > 5, result.stats.summary()
+    print(f"qwen fixed (3,4,2): {len(result.tokens)} tokens, identical to plain: {result.tokens == plain.tokens}")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_kv_invariant_after_every_step(smol_fixed, temperature):
+    stats = Stats()
+    engine = smol_fixed.engine
+    engine.prefill(smol_fixed.tokenize(PROMPTS[2]), stats)
+    assert_only_sequence_zero(smol_fixed)
+    steps = 0
+    for new, from_draft in engine.steps(SamplingConfig(temperature=temperature, seed=5),
+                                        np.random.default_rng(5), 48, stats):
+        assert from_draft == len(new) - 1
+        assert_only_sequence_zero(smol_fixed)
+        steps += 1
+    assert stats.n_target_calls == steps and stats.n_predict == 48
+    assert stats.n_drafted > 0
+
+
+def test_abandoned_stream_leaves_only_sequence_zero(smol_fixed):
+    chunks = smol_fixed.stream(PROMPTS[0], max_tokens=40, temperature=0)
+    next(chunks)
+    chunks.close()
+    assert_only_sequence_zero(smol_fixed)
+    result = smol_fixed.generate(PROMPTS[0], max_tokens=8, temperature=0)  # still works
+    assert len(result.tokens) == 8
+
+
+def test_sampling_runs_and_is_reproducible(smol_fixed):
+    a = smol_fixed.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=11)
+    b = smol_fixed.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=11)
+    assert a.tokens == b.tokens and len(a.tokens) == 32
+
+
+def test_pool_is_seeded_from_the_prompt_and_references(make_spec):
+    prompt = "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog<|im_end|>\n<|im_start|>assistant\n"
+    reference = "zebra crossing tomorrow morning at nine"
+    spec = make_spec(SMOL, lookahead=LookaheadConfig(w=1, n=4, g=2), references=[reference])
+    drafter = spec.engine.drafter
+    ref = spec.model.tokenize(reference, add_special=False, parse_special=False)
+    assert [ref[1:4]] == [c for c, _ in drafter.pool.candidates([], ref[0], 1)]
+    spec.generate(prompt, max_tokens=1, temperature=0)
+    fox = spec.model.tokenize(" quick brown fox jumps", add_special=False, parse_special=False)
+    assert fox[1:] in [c for c, _ in drafter.pool.candidates([], fox[0], 16)]
+
+
+def test_parameters_that_cannot_fit_are_refused_before_loading(tmp_path):
+    missing = str(tmp_path / "not-loaded.gguf")  # never opened: the check comes first
+    with pytest.raises(ConfigError, match="more than half"):
+        LlamaSpec(ModelConfig(missing, n_ctx=64), lookahead=LookaheadConfig(15, 5, 15), progress=False)
+    with pytest.raises(ConfigError, match="llama.cpp allows at most"):
+        LlamaSpec(ModelConfig(missing, n_ctx=65536, n_batch=4096), lookahead=LookaheadConfig(250, 2, 10),
+                  progress=False)
+
+
+def test_cli_lookahead(model_file):
+    smol = str(model_file(SMOL))
+    runner = CliRunner()
+    args = ["generate", "-m", smol, "-p", PROMPTS[1], "-n", "24", "--temp", "0", "-t", str(THREADS)]
+    plain = runner.invoke(cli, args)
+    out = runner.invoke(cli, args + ["--lookahead", "--lookahead-w", "3", "--lookahead-n", "3",
+                                     "--lookahead-g", "2", "--lookahead-fixed"])
+    assert plain.exit_code == 0 and out.exit_code == 0, out.output
+    assert "lookahead: 24 tokens" in out.stderr and "pool_size = " in out.stderr
+    bad = runner.invoke(cli, args + ["--lookahead", "--lookahead-n", "1"])
+    assert bad.exit_code != 0 and bad.stderr.strip() == "error: lookahead N must be >= 2, got 1"
+    too_big = runner.invoke(cli, args + ["--lookahead", "-c", "64", "--lookahead-w", "15"])
+    assert too_big.exit_code != 0 and len(too_big.stderr.strip().splitlines()) == 1
+    assert "raise the context size" in too_big.stderr
