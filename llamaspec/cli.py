@@ -17,9 +17,13 @@ import click
 from . import models
 from .api import LlamaSpec, Result, make_config
 from .chat import new_messages
-from .config import DraftConfig, LookupConfig, ModelConfig
+from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig
 from ._llama import Model
 from .config import default_threads
+from . import costs
+from .bench import STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, require_matplotlib, run_bench, \
+    write_plot
+from .compare import PROGRAMS, matched, run_compare
 from .costs import CostCurve, cached_curve
 from .draft_length import DraftLength, curve_summary
 from .drafters import LookupDrafter
@@ -53,59 +57,86 @@ class _OneLineErrors(click.Group):
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="llamaspec")
 def cli() -> None:
-    """Faster local generation with llama.cpp models: speculative decoding with a draft model.
+    """Faster local generation with llama.cpp models: speculative decoding with a draft model,
+    lookup decoding and lookahead decoding.
 
     Models are GGUF paths or names from models.txt (see `llamaspec models list`).
     """
 
 
+# The options of every generating command, named as in llama.cpp, by parameter name.
+MODEL_OPTIONS = {
+    "model": click.option("-m", "--model", help="Target model: GGUF path or models.txt name."),
+    "draft": click.option("-md", "--model-draft", "--draft", "draft",
+                          help="Draft model: GGUF path or models.txt name."),
+    "n_ctx": click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True,
+                          help="Context size of each model, in tokens."),
+    "n_threads": click.option("-t", "--threads", "n_threads", type=int, default=None,
+                              help="CPU threads [default: the cores this process may use]."),
+    "n_gpu_layers": click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
+                                 help="Target layers to offload to the GPU (-1: all; needs a Metal/CUDA build)."),
+    "n_gpu_layers_draft": click.option("-ngld", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=int, default=0,
+                                       show_default=True, help="Draft layers to offload to the GPU."),
+    "max_tokens": click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
+                               help="Tokens to generate at most (-1: until a stop or a full context)."),
+    "temperature": click.option("--temp", "temperature", type=float, default=0.8, show_default=True,
+                                help="Temperature; 0 is greedy (the output equals the target's greedy output)."),
+    "top_k": click.option("--top-k", type=int, default=40, show_default=True, help="Top-k (0: off)."),
+    "top_p": click.option("--top-p", type=float, default=0.95, show_default=True, help="Top-p in (0, 1] (1: off)."),
+    "min_p": click.option("--min-p", type=float, default=0.05, show_default=True, help="Min-p (0: off)."),
+    "seed": click.option("--seed", type=int, default=None, help="Random seed, for reproducible sampling."),
+    "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
+    "draft_max": click.option("--draft-max", type=int, default=16, show_default=True,
+                              help="Most tokens the draft proposes per step."),
+    "draft_min": click.option("--draft-min", type=int, default=0, show_default=True,
+                              help="Shorter proposals are not verified."),
+    "draft_p_min": click.option("--draft-p-min", type=float, default=0.75, show_default=True,
+                                help="The draft stops when its top probability falls below this."),
+    "lookup": click.option("--lookup", is_flag=True,
+                           help="Lookup decoding: drafts copied from the prompt, the output, references and caches "
+                           "(tried before --draft when both are given)."),
+    "lookup_ngram_min": click.option("--lookup-ngram-min", type=int, default=1, show_default=True,
+                                     help="Shortest n-gram lookup matches."),
+    "lookup_ngram_max": click.option("--lookup-ngram-max", type=int, default=4, show_default=True,
+                                     help="Longest n-gram lookup matches (at most 4)."),
+    "lookup_cache_static": click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None,
+                                        help="Static n-gram cache (llama-lookup-create / `llamaspec lookup create`)."),
+    "lookup_cache_dynamic": click.option("--lookup-cache-dynamic", type=click.Path(path_type=Path), default=None,
+                                         help="Dynamic n-gram cache, updated after every generation "
+                                              "(created if missing)."),
+    "references": click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path),
+                               help="A document lookup and lookahead may copy from (repeatable); implies "
+                                    "--lookup unless --lookahead is given."),
+    "lookahead": click.option("--lookahead", is_flag=True,
+                              help="Lookahead decoding: Jacobi guesses and an n-gram pool seeded from the prompt, "
+                                   "verified in one batch (no draft model)."),
+    "lookahead_w": click.option("--lookahead-w", type=int, default=LookaheadConfig.w, show_default=True,
+                                help="Lookahead window: columns of Jacobi guesses (llama-lookahead: 15)."),
+    "lookahead_n": click.option("--lookahead-n", type=int, default=LookaheadConfig.n, show_default=True,
+                                help="Lookahead n-gram size; the window has N - 1 levels (llama-lookahead: 5)."),
+    "lookahead_g": click.option("--lookahead-g", type=int, default=LookaheadConfig.g, show_default=True,
+                                help="Most pool candidates verified per step (llama-lookahead: 15)."),
+    "lookahead_fixed": click.option("--lookahead-fixed", is_flag=True,
+                                    help="Decode the whole window and all G candidates every step, as "
+                                         "llama-lookahead does (for GPUs); by default each step is sized from "
+                                         "the measured cost curve."),
+    "cache_dir": click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+                              help="Model cache [default: $LLAMASPEC_CACHE or the platform cache]."),
+}
+
+
 def model_options(f: Callable) -> Callable:
     """The options every generating command shares, named as in llama.cpp."""
-    options = [
-        click.option("-m", "--model", help="Target model: GGUF path or models.txt name."),
-        click.option("-md", "--model-draft", "--draft", "draft", help="Draft model: GGUF path or models.txt name."),
-        click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True,
-                     help="Context size of each model, in tokens."),
-        click.option("-t", "--threads", "n_threads", type=int, default=None,
-                     help="CPU threads [default: the cores this process may use]."),
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
-                     help="Target layers to offload to the GPU (-1: all; needs a Metal/CUDA build)."),
-        click.option("-ngld", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=int, default=0,
-                     show_default=True, help="Draft layers to offload to the GPU."),
-        click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
-                     help="Tokens to generate at most (-1: until a stop or a full context)."),
-        click.option("--temp", "temperature", type=float, default=0.8, show_default=True,
-                     help="Temperature; 0 is greedy (the output equals the target's greedy output)."),
-        click.option("--top-k", type=int, default=40, show_default=True, help="Top-k (0: off)."),
-        click.option("--top-p", type=float, default=0.95, show_default=True, help="Top-p in (0, 1] (1: off)."),
-        click.option("--min-p", type=float, default=0.05, show_default=True, help="Min-p (0: off)."),
-        click.option("--seed", type=int, default=None, help="Random seed, for reproducible sampling."),
-        click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
-        click.option("--draft-max", type=int, default=16, show_default=True,
-                     help="Most tokens the draft proposes per step."),
-        click.option("--draft-min", type=int, default=0, show_default=True,
-                     help="Shorter proposals are not verified."),
-        click.option("--draft-p-min", type=float, default=0.75, show_default=True,
-                     help="The draft stops when its top probability falls below this."),
-        click.option("--lookup", is_flag=True,
-                     help="Lookup decoding: drafts copied from the prompt, the output, references and caches "
-                          "(tried before --draft when both are given)."),
-        click.option("--lookup-ngram-min", type=int, default=1, show_default=True,
-                     help="Shortest n-gram lookup matches."),
-        click.option("--lookup-ngram-max", type=int, default=4, show_default=True,
-                     help="Longest n-gram lookup matches (at most 4)."),
-        click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None,
-                     help="Static n-gram cache (llama-lookup-create / `llamaspec lookup create`)."),
-        click.option("--lookup-cache-dynamic", type=click.Path(path_type=Path), default=None,
-                     help="Dynamic n-gram cache, updated after every generation (created if missing)."),
-        click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path),
-                     help="A document lookup may copy from (repeatable); implies --lookup."),
-        click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
-                     help="Model cache [default: $LLAMASPEC_CACHE or the platform cache]."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+    return some_model_options(*MODEL_OPTIONS)(f)
+
+
+def some_model_options(*names: str) -> Callable[[Callable], Callable]:
+    """The options of MODEL_OPTIONS named, in that order."""
+    def apply(f: Callable) -> Callable:
+        for name in reversed(names):
+            f = MODEL_OPTIONS[name](f)
+        return f
+    return apply
 
 
 def _load(o: dict, default_draft: bool) -> LlamaSpec:
@@ -120,15 +151,22 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
         draft_cfg = ModelConfig(draft, n_ctx=o["n_ctx"], n_threads=o["n_threads"],
                                 n_gpu_layers=o["n_gpu_layers_draft"])
     spec_cfg = DraftConfig(o["draft_max"], o["draft_min"], o["draft_p_min"])
-    lookup, references = _lookup_options(o)
+    lookahead = _lookahead_options(o)
+    lookup, references = _lookup_options(o, lookahead is not None)
     return LlamaSpec(target, draft_cfg, spec_cfg, o["cache_dir"], progress=True, lookup=lookup,
-                     references=references)
+                     references=references, lookahead=lookahead)
 
 
-def _lookup_options(o: dict) -> tuple:
+def _lookahead_options(o: dict) -> Optional[LookaheadConfig]:
+    if not o["lookahead"]:
+        return None
+    return LookaheadConfig(o["lookahead_w"], o["lookahead_n"], o["lookahead_g"], adaptive=not o["lookahead_fixed"])
+
+
+def _lookup_options(o: dict, lookahead: bool = False) -> tuple:
     """The LookupConfig (None when lookup is off) and the reference texts."""
     texts = [_read(path, "reference ") for path in o["references"]]
-    wanted = o["lookup"] or texts or o["lookup_cache_static"] or o["lookup_cache_dynamic"]
+    wanted = o["lookup"] or (texts and not lookahead) or o["lookup_cache_static"] or o["lookup_cache_dynamic"]
     if not wanted:
         return None, []
     cfg = LookupConfig(ngram_min=o["lookup_ngram_min"], ngram_max=o["lookup_ngram_max"],
@@ -379,6 +417,127 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     else:
         click.echo("predicted    = no cost curve cached for this model and thread count; "
                    "run a --lookup generation once to measure it (lengths were chosen for a GPU-like flat curve)")
+
+
+# --- bench, profile, compare ----------------------------------------------------------------
+_RUN_OPTIONS = ("model", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "max_tokens",
+                "draft_max", "draft_min", "draft_p_min")
+
+
+def _bench_settings(o: dict, repeat: int, temperature: float = 0.0, seed: Optional[int] = None) -> BenchSettings:
+    """The shared options as BenchSettings; with no --model, the default pair."""
+    model, draft = o["model"], o["draft"]
+    if model is None:
+        model, pair_draft = models.default_pair()
+        draft = draft or pair_draft
+    return BenchSettings(model, draft, n_predict=o["max_tokens"], n_ctx=o["n_ctx"], n_threads=o["n_threads"],
+                         n_gpu_layers=o["n_gpu_layers"], n_gpu_layers_draft=o["n_gpu_layers_draft"],
+                         draft_max=o["draft_max"], draft_min=o["draft_min"], draft_p_min=o["draft_p_min"],
+                         temperature=temperature, seed=seed, repeat=repeat)
+
+
+def _names(value: Optional[str]) -> Optional[List[str]]:
+    return [v.strip() for v in value.split(",") if v.strip()] if value is not None else None
+
+
+def _check_writable(*paths: Optional[Path]) -> None:
+    """Fail before a long run, not after it, when an output file cannot be created."""
+    for path in paths:
+        if path is not None and not path.parent.is_dir():
+            raise click.UsageError(f"cannot write {path}: no directory {path.parent}")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise click.UsageError(f"cannot write {path}: {e.strerror}") from None
+
+
+@cli.command("bench")
+@some_model_options(*_RUN_OPTIONS, "seed", "cache_dir")
+@click.option("--temp", "temperature", type=float, default=0.0, show_default=True,
+              help="Temperature; at 0 (greedy) every strategy's output is checked against plain's.")
+@click.option("--strategies", help=f"Comma-separated, from: {', '.join(STRATEGIES)} "
+                                   "[default: plain and every strategy the models allow].")
+@click.option("--prompts", help="Comma-separated names of prompts of the shipped suite (llamaspec/data/"
+                               "bench_suite.json) [default: all; none when -f is given].")
+@click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
+              help="A file whose text is one more prompt, a user message in the chat template (repeatable).")
+@click.option("--repeat", type=int, default=3, show_default=True, help="Runs of each strategy on each prompt.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the report as JSON.")
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path),
+              help="Write a bar chart of the speed-ups as PNG (needs matplotlib: pip install 'llamaspec[plot]').")
+def bench_command(temperature: float, strategies: Optional[str], prompts: Optional[str], files: List[Path],
+                  repeat: int, json_file: Optional[Path], plot_file: Optional[Path], **o: Any) -> None:
+    """Plain decoding and each strategy on a prompt suite, same models and settings, one process:
+    decode t/s (median, min, max), speed-up over plain, acceptance, tokens per target call,
+    prompt t/s, peak memory, and whether the greedy output equals plain's."""
+    if plot_file is not None:
+        require_matplotlib()
+    _check_writable(json_file, plot_file)
+    settings = _bench_settings(o, repeat, temperature, o["seed"])
+    suite = load_suite(_names(prompts)) if prompts is not None or not files else []
+    suite += [SuitePrompt(f.stem, f"user message from {f}", _read(f, "prompt file ")) for f in files]
+    report = run_bench(settings, _names(strategies), suite, o["cache_dir"])
+    click.echo(report.table())
+    if json_file is not None:
+        _write(json_file, json.dumps(report.to_dict(), indent=1) + "\n")
+    if plot_file is not None:
+        write_plot(report, plot_file)
+
+
+@cli.command("profile")
+@some_model_options("model", "n_threads", "n_gpu_layers", "cache_dir")
+@click.option("--repeats", type=int, default=2, show_default=True,
+              help="Measurements of each size; the fastest counts.")
+def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers: int, cache_dir: Optional[Path],
+                    repeats: int) -> None:
+    """Measure what one decode of n tokens costs, n = 1..32, on this machine, and cache the curve
+    that lookup and lookahead size their drafts with."""
+    config = ModelConfig(model or models.default_pair()[0], n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+    path = models.resolve_model(config.path, cache_dir)
+    cache_file = models.cache_dir(cache_dir) / "costs.json"
+    curve = costs.profile(path, config.threads, config.n_ctx, config.n_gpu_layers, repeats, cache_file)
+    click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}, "
+               f"{costs.PREFIX} tokens in the KV cache, fastest of {repeats}")
+    cells = [("n", "ms per call", "relative cost", "tokens/s")]
+    cells += [(str(n), f"{curve.ms(n):.2f}", f"{curve.cost(n):.2f}", f"{1000 * n / curve.ms(n):.1f}")
+              for n in range(1, len(curve.relative) + 1)]
+    click.echo("\n".join(format_columns(cells)))
+    click.echo(f"cached in {cache_file}: generation with threads {curve.threads} on {curve.backend} uses it", err=True)
+
+
+@cli.command("compare")
+@some_model_options(*_RUN_OPTIONS, "cache_dir")
+@click.option("-p", "--prompt", help="The prompt, raw text (special tokens parsed) as the programs take it.")
+@click.option("-f", "--file", type=click.Path(path_type=Path), help="Read the raw prompt from a file.")
+@click.option("--prompt-name", default="code_edit", show_default=True,
+              help="Without -p/-f: this prompt of the bench suite, in the model's chat template.")
+@click.option("--strategies", help=f"Comma-separated, from: {', '.join(PROGRAMS)} "
+                                   "[default: each one llamaspec has and the models allow].")
+@click.option("--bin-dir", type=click.Path(path_type=Path),
+              help="Directory of llama.cpp's programs [default: PATH, then where scripts/build_llama_cpp.sh "
+                   "puts them].")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Runs of each side; each side keeps its run of median speed.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds a program may run.")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the report as JSON.")
+def compare_command(prompt: Optional[str], file: Optional[Path], prompt_name: str, strategies: Optional[str],
+                    bin_dir: Optional[Path], repeat: int, timeout: float, json_file: Optional[Path], **o: Any) -> None:
+    """llama.cpp's own programs (llama-completion, llama-speculative-simple, llama-lookup,
+    llama-lookahead) and llamaspec side by side: same models, prompt, tokens, threads and draft
+    settings, greedy. Shows both speeds, their ratio, both acceptances and whether the texts agree."""
+    if prompt is not None and file is not None:
+        raise click.UsageError("give the prompt with -p or -f, not both")
+    _check_writable(json_file)
+    text = _read(file, "prompt file ") if file is not None else prompt
+    settings = matched(_bench_settings(o, repeat))
+    source = text if text is not None else load_suite([prompt_name])[0]
+    report = run_compare(settings, source, _names(strategies), bin_dir, timeout, o["cache_dir"])
+    click.echo(report.table())
+    if json_file is not None:
+        _write(json_file, json.dumps(report.to_dict(), indent=1) + "\n")
 
 
 def _read(path: Path, what: str = "") -> str:

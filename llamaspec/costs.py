@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._llama import Context, backend_name
+from ._llama import Context, Model, backend_name
+from .errors import ConfigError
 
 SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
 N_MAX = 32
@@ -36,6 +37,10 @@ class CostCurve:
             return self.relative[max(n, 1) - 1]
         per_token = self.relative[-1] / len(self.relative)  # beyond the curve: proportional
         return per_token * n
+
+    def ms(self, n: int) -> float:
+        """Milliseconds of one decode of n tokens."""
+        return self.cost(n) * self.ms_per_token
 
     @staticmethod
     def flat(n_max: int = N_MAX) -> "CostCurve":
@@ -95,13 +100,37 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path]) -> CostCurve:
         return CostCurve(**table[key])
     curve = measure(ctx)
     if cache_file is not None:
-        table[key] = asdict(curve)
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(table, f, indent=1)
-            os.replace(tmp, cache_file)
-        except OSError:
-            pass  # a read-only cache only costs a new measurement next time
+        save(curve, ctx, cache_file)
+    return curve
+
+
+def save(curve: CostCurve, ctx: Context, cache_file: Path) -> None:
+    """Cache ``curve`` for the model, thread count and backend of ``ctx`` (replacing any)."""
+    table = _read_table(cache_file)
+    table[_key(ctx.model.path, ctx.threads, backend_name(ctx.model))] = asdict(curve)
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, cache_file)
+    except OSError:
+        pass  # a read-only cache only costs a new measurement next time
+
+
+def profile(model_path: Path, threads: int, n_ctx: int = 4096, n_gpu_layers: int = 0, repeats: int = 2,
+            cache_file: Optional[Path] = None) -> CostCurve:
+    """Measure a decode of every n in 1..N_MAX on this machine (best of ``repeats``) and cache
+    the curve where generation looks for it."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    model = Model(model_path, n_gpu_layers)
+    ctx = Context(model, n_ctx, threads)
+    try:
+        curve = measure(ctx, range(1, N_MAX + 1), repeats)
+        if cache_file is not None:
+            save(curve, ctx, cache_file)
+    finally:
+        ctx.close()
+        model.close()
     return curve

@@ -4,8 +4,9 @@
 #
 #   bash scripts/build_llama_cpp.sh [OUT_DIR]      (prints the directory holding the programs)
 #
-# OUT_DIR defaults to ~/.cache/llamaspec/llama.cpp-VERSION. Extra CMake flags come from
-# CMAKE_ARGS (e.g. CMAKE_ARGS="-DGGML_CUDA=on"). Takes about 10 minutes on 2 cores.
+# OUT_DIR defaults to ~/.cache/llamaspec/llama.cpp-VERSION, where `llamaspec compare` finds the
+# programs without --bin-dir. Extra CMake flags come from CMAKE_ARGS (e.g. CMAKE_ARGS="-DGGML_CUDA=on").
+# Takes about 11 minutes on 2 cores.
 set -euo pipefail
 python=${PYTHON:-python}
 version=$("$python" -c "import llama_cpp; print(llama_cpp.__version__)")

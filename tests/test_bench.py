@@ -1,0 +1,155 @@
+"""llamaspec bench and llamaspec profile on SmolLM2: the shipped suite, the report's fields and
+JSON shape, the plot, the cost curve and its cache, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llamaspec import LookupConfig, ModelConfig, costs
+from llamaspec.api import LlamaSpec
+from llamaspec.bench import REPORT_SHAPE, check_shape, load_suite, validate_report
+from llamaspec.cli import cli
+from llamaspec.errors import ConfigError
+
+from conftest import SMOL, THREADS
+
+
+@pytest.fixture(scope="module")
+def smol(model_file):
+    return str(model_file(SMOL))
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def assert_one_line_error(result, fragment):
+    assert result.exit_code != 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+
+
+def test_suite_covers_where_speculation_should_and_should_not_help(smol_plain):
+    suite = load_suite()
+    assert [p.name for p in suite] == ["code_edit", "summarize_quotes", "json_record", "open_chat", "long_answer"]
+    code = suite[0].user
+    assert "class Inventory:" in code and "def save(self):" in code  # a real file to edit
+    assert len(suite[1].user.split()) > 300 and "quotation" in suite[1].user
+    assert "48213" in suite[2].user and "JSON" in suite[2].user
+    for prompt in suite:
+        text = smol_plain.format_chat(prompt.messages)  # every prompt runs through the chat template
+        assert text.startswith("<|im_start|>") and prompt.user in text and prompt.description
+    assert [p.name for p in load_suite(["open_chat", "code_edit"])] == ["open_chat", "code_edit"]
+    with pytest.raises(ConfigError, match="unknown prompt 'nope'; the suite has: code_edit, summarize_quotes"):
+        load_suite(["open_chat", "nope"])
+
+
+def _row(**changes):
+    row = {"prompt": "p", "strategy": "plain", "decode_tps": [1.0], "decode_tps_median": 1.0, "decode_tps_min": 1.0,
+           "decode_tps_max": 1.0, "speedup": 1.0, "accept": 0.0, "tokens_per_call": 1.0, "prompt_tps": 2.0,
+           "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8, "peak_rss_mb": 100.0, "output": "same"}
+    row.update(changes)
+    return row
+
+
+def test_validate_report_names_what_is_wrong():
+    shape = REPORT_SHAPE["rows"][0]
+    check_shape(_row(), shape)
+    check_shape(_row(speedup=2), shape)  # a float field takes an int
+    bad = [(_row(output=None), "row.output: expected str"), (_row(n_predict=8.5), "row.n_predict: expected int"),
+           (_row(decode_tps=[1.0, "x"]), r"row.decode_tps\[1\]: expected float"),
+           (_row(n_accept=True), "row.n_accept: expected int")]
+    for row, message in bad:
+        with pytest.raises(ValueError, match=message):
+            check_shape(row, shape, "row")
+    missing = _row()
+    del missing["peak_rss_mb"]
+    with pytest.raises(ValueError, match="expected the keys"):
+        check_shape(missing, shape, "row")
+    with pytest.raises(ValueError, match="expected the keys"):
+        check_shape(_row(extra=1), shape, "row")
+    with pytest.raises(ValueError, match="report: expected the keys"):
+        validate_report({"rows": []})
+
+
+def test_bench_end_to_end(smol, tmp_path):
+    own = tmp_path / "repeat_list.txt"
+    own.write_text("Repeat this list exactly: alpha, beta, gamma, delta, epsilon.")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    strategies = ["plain", "lookup", "lookahead", "draft"]
+    result = run("bench", "-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "-n", "8", "--draft-max", "4",
+                 "--draft-p-min", "0", "--prompts", "open_chat", "-f", str(own), "--repeat", "2",
+                 "--strategies", "lookup,lookahead,draft", "--json", str(out), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate_report(report)
+    assert [s["name"] for s in report["strategies"]] == strategies
+    assert [(p["name"], p["n_prompt"] > 10) for p in report["prompts"]] == [("open_chat", True), ("repeat_list", True)]
+    assert report["settings"]["n_predict"] == 8 and report["settings"]["repeat"] == 2
+    assert report["machine"]["threads"] == THREADS and report["machine"]["backend"] == "cpu"
+    rows = {(r["prompt"], r["strategy"]): r for r in report["rows"]}
+    assert list(rows) == [(p, s) for p in ("open_chat", "repeat_list") for s in strategies]
+    for (prompt, strategy), r in rows.items():
+        assert len(r["decode_tps"]) == 2 and r["decode_tps_min"] <= r["decode_tps_median"] <= r["decode_tps_max"]
+        assert r["decode_tps_min"] > 0 and r["prompt_tps"] > 0 and r["peak_rss_mb"] > 0
+        assert r["n_predict"] == 16 and r["n_target_calls"] >= 2 and r["tokens_per_call"] >= 1
+        plain = rows[(prompt, "plain")]
+        assert r["speedup"] == pytest.approx(r["decode_tps_median"] / plain["decode_tps_median"])
+        assert re.fullmatch(r"same|differs from token \d+", r["output"]), r["output"]
+        if r["n_drafted"]:
+            assert r["accept"] == pytest.approx(100 * r["n_accept"] / r["n_drafted"])
+        line = next(line for line in result.stdout.splitlines()
+                    if line.startswith(f"{prompt} ") and f" {strategy} " in line)
+        assert f"{r['speedup']:.2f}x" in line and f"{r['decode_tps_median']:.2f}" in line and r["output"] in line
+    assert rows[("open_chat", "plain")]["output"] == "same"  # plain twice: deterministic
+    assert rows[("open_chat", "draft")]["n_drafted"] > 0  # --draft-p-min 0: the draft always proposes
+    assert all(s["load_rss_mb"] > 0 for s in report["strategies"])
+    assert "memory added by loading each strategy" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_user_errors(smol, tmp_path, monkeypatch):
+    assert_one_line_error(run("bench", "-m", smol, "--strategies", "plain,turbo"), "unknown strategy 'turbo'")
+    assert_one_line_error(run("bench", "-m", smol, "--strategies", "draft"), "needs a draft model (-md)")
+    assert_one_line_error(run("bench", "-m", smol, "--prompts", "nope"), "unknown prompt 'nope'")
+    assert_one_line_error(run("bench", "-m", smol, "--repeat", "0"), "repeat must be >= 1")
+    assert_one_line_error(run("bench", "-m", smol, "-n", "0"), "must be >= 1")
+    assert_one_line_error(run("bench", "-m", smol, "--json", str(tmp_path / "no" / "x.json")), "cannot write")
+    (tmp_path / "open_chat.txt").write_text("Hi")
+    assert_one_line_error(run("bench", "-m", smol, "--prompts", "open_chat", "-f", str(tmp_path / "open_chat.txt")),
+                          "two prompts are named 'open_chat'")
+    # without matplotlib, --plot fails first: before the (missing) model is even looked at
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = run("bench", "-m", str(tmp_path / "missing.gguf"), "--plot", str(tmp_path / "x.png"))
+    assert_one_line_error(result, "--plot needs matplotlib: pip install 'llamaspec[plot]'")
+
+
+def test_profile_measures_every_n_and_generation_reuses_it(smol, tmp_path, monkeypatch):
+    result = run("profile", "-m", smol, "-t", str(THREADS), "--repeats", "1", "--cache-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert f"threads {THREADS}, backend cpu" in lines[0]
+    assert lines[1].split() == ["n", "ms", "per", "call", "relative", "cost", "tokens/s"]
+    table = [[float(x) for x in line.split()] for line in lines[2:]]
+    assert [int(row[0]) for row in table] == list(range(1, costs.N_MAX + 1))
+    assert all(ms > 0 and rel > 0 and tps > 0 for _, ms, rel, tps in table) and table[0][2] == 1.0
+
+    cache_file = tmp_path / "costs.json"
+    curve = costs.cached_curve(Path(smol), THREADS, cache_file)
+    assert curve is not None and len(curve.relative) == costs.N_MAX and curve.threads == THREADS
+    assert [round(curve.cost(n), 2) for n in range(1, costs.N_MAX + 1)] == [row[2] for row in table]
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("the cached curve should have been used")
+    monkeypatch.setattr(costs, "measure", no_measuring)
+    with LlamaSpec(ModelConfig(smol, n_ctx=1024, n_threads=THREADS), cache_dir=tmp_path, progress=False,
+                   lookup=LookupConfig()) as spec:
+        assert spec.generate("Hello", max_tokens=2, temperature=0).stats.n_predict == 2
+    assert_one_line_error(run("profile", "-m", smol, "--repeats", "0", "--cache-dir", str(tmp_path)),
+                          "repeats must be >= 1")
