@@ -456,7 +456,8 @@ def check_shape(value: Any, shape: Shape, where: str = "report") -> None:
             raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
         for i, item in enumerate(value):
             check_shape(item, shape[0], f"{where}[{i}]")
-    elif isinstance(value, bool) or not isinstance(value, (float, int) if shape is float else shape):
+    elif (isinstance(value, bool) and shape is not bool) or \
+            not isinstance(value, (float, int) if shape is float else shape):
         raise ValueError(f"{where}: expected {shape.__name__}, got {value!r}")
 
 
