@@ -13,7 +13,7 @@ from ._llama import Context, Model
 from .chat import ChatTemplate, Message
 from . import models
 from .config import DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig
-from .costs import load_or_measure
+from .costs import CostCurve, load_or_measure
 from .draft_length import DraftLength
 from .drafters import ChainDrafter, DraftModelDrafter, Drafter, LookupDrafter, NoDrafter
 from .lookahead import LookaheadDrafter, check_fits
@@ -74,10 +74,11 @@ class LlamaSpec:
         self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
         ref_tokens = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
         drafters: List[Drafter] = []
-        if lookup is not None:
-            drafters.append(self._lookup_drafter(lookup, ref_tokens, cache_dir))
-        if lookahead is not None:
+        if lookup is not None or lookahead is not None:
             costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
+        if lookup is not None:
+            drafters.append(self._lookup_drafter(lookup, ref_tokens, costs))
+        if lookahead is not None:
             drafters.append(LookaheadDrafter(self.ctx, lookahead, DraftLength(costs), ref_tokens))
         if draft is not None and self.draft_model is not None:
             draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
@@ -86,9 +87,7 @@ class LlamaSpec:
         self.engine = Engine(self.ctx, drafter)
         self._template: Optional[ChatTemplate] = None
 
-    def _lookup_drafter(self, cfg: LookupConfig, ref_tokens: List[List[int]],
-                        cache_dir: Optional[Path]) -> LookupDrafter:
-        costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
+    def _lookup_drafter(self, cfg: LookupConfig, ref_tokens: List[List[int]], costs: CostCurve) -> LookupDrafter:
         caches = NgramCaches.open(cfg, self.model.n_vocab) if (cfg.cache_static or cfg.cache_dynamic) else None
         return LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, cfg.policy, ref_tokens),
                              DraftLength(costs), cfg.draft_max, caches)

@@ -6,7 +6,6 @@ stderr and a non-zero exit code.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path

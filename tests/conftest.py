@@ -8,10 +8,12 @@ from typing import List, Tuple
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import llamaspec
 from llamaspec import DraftConfig, LlamaSpec, ModelConfig
 from llamaspec._llama import Context, Model
+from llamaspec.cli import cli
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
 QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -121,3 +123,22 @@ def reference(model_file):
             cache[name] = Reference(model_file(name))
         return cache[name]
     return get
+
+
+@pytest.fixture(scope="session")
+def smol(model_file) -> str:
+    """SmolLM2's GGUF path, for CLI tests."""
+    return str(model_file(SMOL))
+
+
+def run(*args, input=None):
+    """The llamaspec command, in process."""
+    return CliRunner().invoke(cli, list(args), input=input)
+
+
+def assert_one_line_error(result, fragment):
+    assert result.exit_code != 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in result.output

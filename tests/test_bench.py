@@ -9,30 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from llamaspec import LookupConfig, ModelConfig, costs
 from llamaspec.api import LlamaSpec
 from llamaspec.bench import REPORT_SHAPE, check_shape, load_suite, validate_report
-from llamaspec.cli import cli
 from llamaspec.errors import ConfigError
 
-from conftest import SMOL, THREADS
-
-
-@pytest.fixture(scope="module")
-def smol(model_file):
-    return str(model_file(SMOL))
-
-
-def run(*args):
-    return CliRunner().invoke(cli, list(args))
-
-
-def assert_one_line_error(result, fragment):
-    assert result.exit_code != 0, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+from conftest import THREADS, assert_one_line_error, run
 
 
 def test_suite_covers_where_speculation_should_and_should_not_help(smol_plain):

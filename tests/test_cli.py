@@ -9,28 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from llamaspec.cli import cli
-
-from conftest import QWEN, SMOL, chatml
 
 
-@pytest.fixture(scope="module")
-def smol(model_file):
-    return str(model_file(SMOL))
-
-
-def run(*args, input=None):
-    return CliRunner().invoke(cli, list(args), input=input)
-
-
-def assert_one_line_error(result, fragment):
-    assert result.exit_code != 0, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
-    assert "Traceback" not in result.output
+from conftest import QWEN, SMOL, assert_one_line_error, chatml, run
 
 
 def test_generate_plain_and_draft_same_greedy_text(smol):

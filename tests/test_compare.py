@@ -10,13 +10,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from llamaspec import compare
 from llamaspec.compare import PROGRAMS, Side, agreement, find_program, generated_text, parse_summary, validate_report
-from llamaspec.cli import cli
 
-from conftest import SMOL
+from conftest import assert_one_line_error, run
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 PROMPT = (DATA / "prompt.txt").read_text(encoding="utf-8")[:-1]  # llama.cpp drops the file's last newline
@@ -88,21 +86,6 @@ def test_command_lines_carry_the_same_settings(tmp_path):
     }
     for strategy, args in expected.items():
         assert compare.command(strategy, Path("prog"), model, draft, prompt, settings, 3) == ["prog"] + args
-
-
-@pytest.fixture(scope="module")
-def smol(model_file):
-    return str(model_file(SMOL))
-
-
-def run(*args):
-    return CliRunner().invoke(cli, list(args))
-
-
-def assert_one_line_error(result, fragment):
-    assert result.exit_code != 0, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
 
 
 def test_compare_end_to_end(smol, tmp_path):
