@@ -1,4 +1,5 @@
-"""Greedy generation with and without a draft model: the same text, and the statistics of each.
+"""Greedy generation plainly and with every draft source (the default): the same text, and the
+statistics of each (per source, and why a draft model sat idle if it did).
 
     python examples/speculative_generate.py [TARGET] [DRAFT]
 
@@ -14,7 +15,7 @@ draft = sys.argv[2] if len(sys.argv) > 2 else "qwen2.5-coder-0.5b-instruct"
 prompt = ("<|im_start|>user\nWrite a Python function that returns the n-th Fibonacci number."
           "<|im_end|>\n<|im_start|>assistant\n")
 
-with llamaspec.load(target) as plain, llamaspec.load(target, draft=draft, draft_p_min=0.6) as spec:
+with llamaspec.load(target, spec="none") as plain, llamaspec.load(target, draft=draft) as spec:
     a = plain.generate(prompt, max_tokens=96, temperature=0)
     b = spec.generate(prompt, max_tokens=96, temperature=0)
 
@@ -23,4 +24,5 @@ print()
 print("plain:      ", a.stats.summary())
 print("speculative:", b.stats.summary())
 print("same text:  ", a.text == b.text)
-print("accepted by draft position:", [f"{r:.2f}" for r in b.stats.accept_by_position])
+print("by source:  ", {name: f"{s.accepted}/{s.drafted}" for name, s in b.stats.sources.items()})
+print("idle:       ", b.stats.idle)

@@ -7,7 +7,8 @@
 """
 
 from .api import Chunk, LlamaSpec, Result, load
-from .config import DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig
+from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
+                     SpecConfig)
 from .errors import (
     CacheFormatError,
     ConfigError,
@@ -20,7 +21,7 @@ from .errors import (
     VocabMismatchError,
 )
 from .models import cache_dir, default_pair, fetch, load_registry, resolve_model
-from .stats import Stats
+from .stats import SourceStats, Stats
 
 __all__ = [
     "CacheFormatError",
@@ -39,6 +40,8 @@ __all__ = [
     "PromptError",
     "Result",
     "SamplingConfig",
+    "SpecConfig",
+    "SourceStats",
     "Stats",
     "UnknownModelError",
     "VocabMismatchError",

@@ -332,48 +332,40 @@ class Context:
             self.seq_rm(seq, -1, -1)
         del self.tokens[n:]
 
-    def eval_rows(self, token: int, rows: Sequence[Row]) -> int:
-        """One decode: ``token`` appended to sequence 0 (logits on), and ``rows`` of other
-        sequences, each ``(token, offset from token's position, sequence ids, logits?)``.
-
-        Every other sequence first shares sequence 0's cells (seq_cp adds a sequence id to
-        a cell, it copies nothing), so its rows see the whole prefix and ``token``.
+    def eval_tree(self, token: int, rows: Sequence[Row], n_seqs: int) -> int:
+        """One decode: ``token`` appended to sequence 0 and to every sequence in 1..n_seqs - 1
+        (logits on), then ``rows``, each ``(token, offset from token's position, sequence ids,
+        logits?)``. Every other sequence first shares sequence 0's cells (seq_cp adds a sequence
+        id to a cell, it copies nothing), so its rows see the whole text.
         Returns how many output rows the decode produced (``token``'s is row 0).
         """
+        if n_seqs > self.n_seq_max:
+            raise DecodeError(f"{n_seqs} sequences needed, the context has {self.n_seq_max}")
         n = len(self.tokens)
-        seqs = sorted({s for row in rows for s in row[2]})
-        if seqs and (seqs[0] < 1 or seqs[-1] >= self.n_seq_max):
-            raise DecodeError(f"sequence ids must be in 1..{self.n_seq_max - 1}, got {seqs}")
-        for seq in seqs:
+        for seq in range(1, n_seqs):
             self.seq_cp(0, seq)
         b = self.batch
         b.clear()
-        b.add(token, n, [0, *seqs], True)
+        b.add(token, n, range(n_seqs), True)
         for t, offset, ids, logits in rows:
             b.add(t, n + offset, ids, logits)
-        self.decode()
-        self.tokens.append(token)
+        try:
+            self.decode()
+        finally:
+            self.tokens.append(token)  # whatever happened, truncate() below can clean up
         return 1 + sum(1 for row in rows if row[3])
 
-    def keep_branch(self, seq: int, tokens: Sequence[int]) -> None:
-        """After :meth:`eval_rows`: ``tokens``, the first rows of sequence ``seq`` after the
-        last token, join sequence 0; every other sequence is dropped."""
+    def keep_path(self, seq: int, tokens: Sequence[int], n_seqs: int) -> None:
+        """After :meth:`eval_tree`: ``tokens``, the first rows of sequence ``seq`` after the
+        decoded token, become sequence 0's; every other sequence is emptied."""
         n = len(self.tokens)
-        if tokens:
+        if seq != 0:
+            self.seq_rm(0, n, -1)
             self.seq_cp(seq, 0, n, n + len(tokens))
-            self.tokens.extend(tokens)
-        self.truncate(len(self.tokens))
-
-    def sync(self, tokens: Sequence[int], n: int) -> int:
-        """Make sequence 0 hold exactly ``tokens[:n]``: keep the common prefix, evaluate the rest.
-
-        Returns how many tokens were evaluated.
-        """
-        m = min(len(self.tokens), n)
-        keep = m if self.tokens[:m] == list(tokens[:m]) else common_prefix(self.tokens, tokens)
-        self.truncate(keep)
-        self.eval(tokens[keep:n])
-        return n - keep
+        self.tokens.extend(tokens)
+        self.seq_rm(0, len(self.tokens), -1)
+        for s in range(1, n_seqs):
+            self.seq_rm(s, -1, -1)
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
@@ -381,12 +373,6 @@ class Context:
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        ll.llama_memory_seq_keep(self._mem, seq)
-
-    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        ll.llama_memory_seq_add(self._mem, seq, p0, p1, delta)
 
     def pos_max(self, seq: int = 0) -> int:
         return ll.llama_memory_seq_pos_max(self._mem, seq)
@@ -397,14 +383,6 @@ class Context:
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
         self.tokens.clear()
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def system_info() -> str:

@@ -10,29 +10,11 @@ probability ``min(1, p(x)/q(x))`` and otherwise drawing from
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .sampling import Distribution, sample
-
-
-def accept_greedy(target_tokens: np.ndarray, draft: np.ndarray) -> int:
-    """Number of leading draft tokens equal to the target's argmax tokens."""
-    n = min(len(target_tokens), len(draft))
-    differ = np.flatnonzero(np.asarray(target_tokens[:n]) != np.asarray(draft[:n]))
-    return int(differ[0]) if differ.size else n
-
-
-def verify_greedy(target_tokens: np.ndarray, draft: np.ndarray) -> Tuple[int, int]:
-    """Greedy verification: (number accepted, next token).
-
-    ``target_tokens`` holds the target's argmax after each prefix, ``len(draft) + 1``
-    of them; the next token is the target's own choice where the draft first
-    disagrees, or the bonus token after a fully accepted draft.
-    """
-    n = accept_greedy(target_tokens[: len(draft)], draft)
-    return n, int(target_tokens[n])
+from .sampling import Distribution, sample, sample_at
 
 
 def align(p: Distribution, q: Distribution) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -63,52 +45,69 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return r / total if total > 0 else p
 
 
-def verify_sampled(
-    p_row: Callable[[int], Distribution],
-    q_rows: Sequence[Distribution],
-    draft: Sequence[int],
-    rng: np.random.Generator,
-) -> Tuple[int, int]:
-    """Speculative sampling over one draft: (number accepted, next token).
+def walk_greedy(children: Sequence[Mapping[int, int]], argmax: Callable[[int], int]) -> Tuple[List[int], int]:
+    """Greedy verification of a token trie: (accepted nodes, next token).
 
-    ``draft[i]`` was drawn from ``q_rows[i]``. ``p_row(i)`` is the target's
-    distribution after the prefix plus ``draft[:i]``, for ``i`` in ``0..len(draft)``;
-    it is a callable so the caller computes rows lazily: only rows up to the first
-    rejection are asked for (the last row, the bonus token's, only when the whole
-    draft is accepted). A caller holding a list passes ``rows.__getitem__``.
-
-    At the first rejection, at ``i``, the next token is drawn from
-    ``residual(p_i, q_i)``; if all ``k`` tokens are accepted it is drawn from ``p_k``.
+    ``children[v]`` maps a token to the child node of v; ``argmax(v)`` is the target's greedy
+    token after the path to v (node 0 is the root, the pending token). From the root, the
+    target's own token is taken at every node; while a child carries that token the walk goes
+    on. The next token is the target's choice where no candidate agrees (the correction), or
+    after a whole accepted path (the bonus token). A linear draft is a one-branch trie.
     """
-    for i, x in enumerate(draft):
-        p, q = p_row(i), q_rows[i]
-        if rng.random() < accept_probability(p.prob(x), q.prob(x)):
-            continue
-        ids, p_dense, q_dense = align(p, q)
-        return i, sample(Distribution(ids, residual(p_dense, q_dense)), rng)
-    return len(draft), sample(p_row(len(draft)), rng)
-
-
-def verify_branches(choose: Callable[[int], int], branches: Sequence[Sequence[int]],
-                    rows: Sequence[Sequence[int]]) -> Tuple[int, int, int]:
-    """Verification of several candidate continuations at once: (branch, number accepted,
-    next token).
-
-    ``choose(r)`` is the target's token for output row ``r`` (its argmax, or a sample of p
-    there); row 0 follows the accepted sequence, ``rows[b][j]`` follows ``branches[b][:j + 1]``.
-    Walk down the branches that agree with the target so far: at each depth the target picks
-    its token x from the row of one surviving branch (all survivors share that prefix, so the
-    row is the same p), and only branches whose next token is x survive. Every emitted token
-    is the target's own choice, so greedy output is plain greedy output and sampled output is
-    distributed as p.
-    """
-    alive = list(range(len(branches)))
-    best, depth, row = 0, 0, 0
+    path: List[int] = []
+    node = 0
     while True:
-        x = choose(row)
-        alive = [b for b in alive if len(branches[b]) > depth and branches[b][depth] == x]
-        if not alive:
-            return best, depth, x
-        best = alive[0]
-        row = rows[best][depth]
-        depth += 1
+        x = argmax(node)
+        child = children[node].get(x)
+        if child is None:
+            return path, x
+        path.append(child)
+        node = child
+
+
+def walk_sampled(children: Sequence[Mapping[int, int]], q: Sequence[Optional[Distribution]],
+                 p: Callable[[int], Distribution], rng: np.random.Generator,
+                 uniform: Optional[Callable[[int], float]] = None) -> Tuple[List[int], int]:
+    """Sampled verification of a token trie: (accepted nodes, next token), every emitted token
+    distributed as the target's p.
+
+    ``q[c]`` is set when child c was drawn from a draft model's q (at most one such child per
+    node); other children are deterministic candidates. ``p(v)`` is the target's distribution
+    after the path to v, asked for only at nodes the walk reaches. At node v with p = p(v):
+
+    - a sampled child x ~ q is accepted with probability min(1, p(x) / q(x)) (speculative
+      sampling); on rejection the token is drawn from the residual norm(max(0, p - q));
+    - with no sampled child the token is drawn from p itself;
+    - either way, when the drawn token is a deterministic child the walk goes on there
+      (sample-and-match: the child's row is p after that token, however it was chosen).
+
+    A rejected sampled child cannot be drawn from the residual (where p(x) > q(x) it is always
+    accepted), so each emitted token is exactly a sample of p given the tokens before it.
+    ``uniform(depth)``, when given, is the number each draw at that depth uses (the acceptance
+    tests still use ``rng``), so draws do not depend on how many numbers earlier steps took.
+    """
+    path: List[int] = []
+    node = 0
+    while True:
+        dist = p(node)
+        drafted = [c for c in children[node].values() if q[c] is not None]
+        if drafted:
+            (c,) = drafted
+            qc = q[c]
+            x = _token_of(children[node], c)
+            if rng.random() < accept_probability(dist.prob(x), qc.prob(x)):
+                path.append(c)
+                node = c
+                continue
+            ids, p_dense, q_dense = align(dist, qc)
+            dist = Distribution(ids, residual(p_dense, q_dense))
+        x = sample_at(dist, uniform(len(path))) if uniform is not None else sample(dist, rng)
+        child = children[node].get(x)
+        if child is None:
+            return path, x
+        path.append(child)
+        node = child
+
+
+def _token_of(children: Mapping[int, int], node: int) -> int:
+    return next(t for t, c in children.items() if c == node)

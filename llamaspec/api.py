@@ -5,23 +5,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Union
+from typing import Any, Iterator, List, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from ._llama import Context, Model
 from .chat import ChatTemplate, Message
 from . import models
-from .config import DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig
-from .costs import CostCurve, load_or_measure
-from .draft_length import DraftLength
-from .drafters import ChainDrafter, DraftModelDrafter, Drafter, LookupDrafter, NoDrafter
-from .lookahead import LookaheadDrafter, check_fits
-from .lookup import PromptLookup
-from .ngram_cache import NgramCaches
+from .acceptance_model import AcceptanceModel
+from .candidates import Source
+from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
+                     SpecConfig)
+from .costs import CostCurve, CostModel, load_or_measure
+from .draft_model import DraftModelSource
 from .engine import Engine
-from .errors import PromptError
+from .errors import ConfigError, PromptError
+from .lookahead import LookaheadSource, check_fits
+from .lookup import LookupSource
+from .ngram_cache import CacheSource, NgramCaches
+from .planner import MAX_LEAVES, Planner
+from .speculator import Speculator
 from .models import resolve_model
+from .sampling import Uniforms
 from .stats import Stats
 from .text import TextStream
 from .vocab import check_compatible
@@ -52,45 +57,63 @@ class Chunk:
 
 
 class LlamaSpec:
-    """A target model, optionally a draft model, and their KV caches.
+    """A target model, optionally a draft model, their KV caches and the draft sources.
 
-    The caches persist between calls: a prompt that extends the previous one (the next turn
-    of a chat) evaluates only its new tokens.
+    ``spec`` chooses the sources (default auto: every one the loaded models and files allow);
+    ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup and
+    lookahead may copy from. The caches persist between calls: a prompt that extends the
+    previous one (the next turn of a chat) evaluates only its new tokens.
     """
 
     def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
-                 progress: bool = True, lookup: Optional[LookupConfig] = None,
-                 references: Sequence[str] = (), lookahead: Optional[LookaheadConfig] = None) -> None:
-        """``lookup`` turns on lookup decoding, ``lookahead`` lookahead decoding (tried in that
-        order, then the draft model); ``references`` are texts lookup and lookahead may copy."""
+                 progress: bool = True, lookup: LookupConfig = LookupConfig(), references: Sequence[str] = (),
+                 lookahead: LookaheadConfig = LookaheadConfig(), spec: SpecConfig = SpecConfig()) -> None:
         self.target_config, self.draft_config = target, draft_config
-        n_seq = check_fits(lookahead, target.n_ctx, target.n_batch) if lookahead is not None else 1
+        names = spec.resolve(draft is not None, bool(lookup.cache_static or lookup.cache_dynamic))
+        if references and not names & {"lookup", "lookahead"}:
+            raise ConfigError("references are read by the lookup and lookahead sources; --spec excludes both")
+        self.spec_name = spec.name if names else "plain"
+        leaves, n_seq = MAX_LEAVES, 1 + MAX_LEAVES
+        if "lookahead" in names:
+            n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, whole="lookahead" in spec.fixed)
+            leaves = n_seq - 1 - lookahead.w
+        if "cache" in names:
+            NgramCaches.open(lookup)  # bad cache files: fail before loading anything
         self.model = Model(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
-        if draft is not None:
+        if draft is not None and "draft" in names:
             self.draft_model = Model(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
             check_compatible(self.model, self.draft_model)
         self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
-        ref_tokens = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
-        drafters: List[Drafter] = []
-        if lookup is not None or lookahead is not None:
-            costs = load_or_measure(self.ctx, models.cache_dir(cache_dir) / "costs.json")
-        if lookup is not None:
-            drafters.append(self._lookup_drafter(lookup, ref_tokens, costs))
-        if lookahead is not None:
-            drafters.append(LookaheadDrafter(self.ctx, lookahead, DraftLength(costs), ref_tokens))
-        if draft is not None and self.draft_model is not None:
-            draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-            drafters.append(DraftModelDrafter(draft_ctx, draft_config))
-        drafter = ChainDrafter(*drafters) if len(drafters) > 1 else drafters[0] if drafters else NoDrafter()
-        self.engine = Engine(self.ctx, drafter)
+        self._draft_ctx: Optional[Context] = None
+        costs_file = models.cache_dir(cache_dir) / "costs.json"
+        draft_curve = None
+        if self.draft_model is not None and draft is not None:
+            self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
+            draft_curve = load_or_measure(self._draft_ctx, costs_file, progress)
+        curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
+        self._costs = CostModel(curve, draft_curve)
+        self._names, self._fixed, self._lookup, self._lookahead = names, spec.fixed, lookup, lookahead
+        self._references = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
+        self.engine = Engine(self.ctx, self._speculator(), leaves)
         self._template: Optional[ChatTemplate] = None
 
-    def _lookup_drafter(self, cfg: LookupConfig, ref_tokens: List[List[int]], costs: CostCurve) -> LookupDrafter:
-        caches = NgramCaches.open(cfg, self.model.n_vocab) if (cfg.cache_static or cfg.cache_dynamic) else None
-        return LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, cfg.policy, ref_tokens),
-                             DraftLength(costs), cfg.draft_max, caches)
+    def _speculator(self) -> Speculator:
+        """The sources, a fresh acceptance model and the planner (the cost model lives on)."""
+        names, lookup, refs = self._names, self._lookup, self._references
+        sources: List[Source] = []
+        if "lookup" in names:
+            sources.append(LookupSource(lookup.ngram_min, lookup.ngram_max, refs, lookup.draft_max))
+        if "cache" in names:
+            caches = NgramCaches.open(lookup)
+            caches.validate_vocab(self.model.n_vocab)
+            sources.append(CacheSource(caches, lookup.draft_max))
+        if "lookahead" in names:
+            sources.append(LookaheadSource(self._lookahead, refs))
+        if self._draft_ctx is not None:
+            sources.append(DraftModelSource(self._draft_ctx, self.draft_config))
+        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed))
 
     # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
@@ -128,54 +151,12 @@ class LlamaSpec:
         return self._run(tokens, config)
 
     def _run(self, prompt: List[int], config: GenerationConfig) -> Iterator[Chunk]:
-        stats = Stats(strategy=self.engine.drafter.name)
-        self.engine.prefill(prompt, stats)
-        seed = config.sampling.seed
-        rng = np.random.default_rng(seed)
-        text = TextStream(config.stop)
-        out: List[int] = []
-        stop_reason = "length"
-        max_new = config.max_tokens if config.max_tokens >= 0 else self.ctx.n_ctx
-        contexts = self.engine.contexts()
-        busy0 = sum(c.t_llama for c in contexts)
-        t0 = time.perf_counter()
-        steps = self.engine.steps(config.sampling, rng, max_new, stats)
-        try:
-            for new, from_draft in steps:
-                piece, kept = "", 0
-                for token in new:
-                    kept += 1
-                    if self.model.is_eog(token):
-                        stop_reason = "stop"
-                        break
-                    out.append(token)
-                    piece += text.push(self.model.piece(token))
-                    if text.stopped:
-                        stop_reason = "stop"
-                        break
-                if stop_reason == "stop":
-                    # drop what the step accepted past the stop; the stop token stays pending
-                    self.engine.rewind(len(self.engine.tokens) - len(new) + kept)
-                    stats.n_predict -= len(new) - kept
-                    from_draft = min(from_draft, kept)
-                if piece:
-                    yield Chunk(piece, new[:kept], from_draft)
-                if stop_reason == "stop":
-                    break
-        finally:
-            steps.close()
-            stats.t_decode = time.perf_counter() - t0
-            stats.t_llama = sum(c.t_llama for c in contexts) - busy0
-            self.engine.drafter.finish(self.engine.tokens)
-            stats.extra = self.engine.drafter.extra_stats()
-        tail = text.flush()
-        yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
+        return run(self.engine, self.model, prompt, config, self.spec_name)
 
     def reset(self) -> None:
-        """Forget the conversation: clear every KV cache."""
-        for ctx in self.engine.contexts():
-            ctx.clear()
-        self.engine.tokens = []
+        """Forget the conversation and what speculation learned from it: every KV cache, the
+        sources' memory of the text, the acceptance estimates. (The measured costs stay.)"""
+        self.engine.restart(self._speculator())
 
     def close(self) -> None:
         for ctx in self.engine.contexts():
@@ -191,9 +172,71 @@ class LlamaSpec:
         self.close()
 
 
-def make_config(max_tokens: int = 256, stop: Union[str, Sequence[str]] = (), temperature: float = 0.8,
-                top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+class Vocabulary(Protocol):
+    def is_eog(self, token: int) -> bool: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+
+def run(engine: Engine, vocab: Vocabulary, prompt: List[int], config: GenerationConfig,
+        strategy: str = "plain") -> Iterator[Chunk]:
+    """One generation on ``engine``: chunks of text as the target accepts them, the last one
+    carrying the Result. A stop (end of generation, a stop string) inside a step keeps the
+    tokens before it and cuts the rest, in the text, the caches and the statistics; chunk
+    tokens add up to the result's (one chunk per step, its text empty while a partial stop
+    string is held back)."""
+    stats = Stats(strategy=strategy)
+    t0 = time.perf_counter()
+    stats.n_prompt_eval = engine.prefill(prompt)
+    stats.n_prompt, stats.t_prompt = len(prompt), time.perf_counter() - t0
+    seed = config.sampling.seed if config.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+    stats.seed = seed
+    rng = np.random.default_rng(seed)
+    text = TextStream(config.stop)
+    out: List[int] = []
+    stop_reason = "length"
+    max_new = config.max_tokens if config.max_tokens >= 0 else engine.target.n_ctx
+    contexts = engine.contexts()
+    busy0 = sum(c.t_llama for c in contexts)
+    t0 = time.perf_counter()
+    steps = engine.steps(config.sampling, rng, max_new, Uniforms(seed))
+    try:
+        for step in steps:
+            piece, kept, taken = "", 0, []
+            for token in step.tokens:
+                kept += 1
+                if vocab.is_eog(token):
+                    stop_reason = "stop"
+                    break
+                out.append(token)
+                taken.append(token)
+                piece += text.push(vocab.piece(token))
+                if text.stopped:
+                    stop_reason = "stop"
+                    break
+            stats.record_step(step, kept)
+            if kept < len(step.tokens):  # drop what the step accepted past the stop
+                engine.rewind(len(engine.tokens) - len(step.tokens) + kept)
+            yield Chunk(piece, taken, min(step.n_accepted, len(taken)))
+            if stop_reason == "stop":
+                break
+    finally:
+        steps.close()
+        stats.t_decode = time.perf_counter() - t0
+        stats.t_llama = sum(c.t_llama for c in contexts) - busy0
+        engine.finish()
+    tail = text.flush()
+    yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
+
+
+_SAMPLING = SamplingConfig()
+
+
+def make_config(max_tokens: int = GenerationConfig.max_tokens, stop: Union[str, Sequence[str]] = (),
+                temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
+                top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
                 seed: Optional[int] = None) -> GenerationConfig:
+    """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated)."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling)
@@ -207,16 +250,28 @@ def _last(chunks: Iterator[Chunk]) -> Result:
     return result
 
 
-def load(model: str, draft: Optional[str] = None, *, lookup: Union[bool, LookupConfig] = False,
-         lookahead: Union[bool, LookaheadConfig] = False, references: Sequence[str] = (), n_ctx: int = 4096, n_threads: Optional[int] = None,
-         n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0, draft_max: int = 16, draft_min: int = 0,
-         draft_p_min: float = 0.75, cache_dir: Optional[Path] = None, progress: bool = True) -> LlamaSpec:
-    """Load a target model (a GGUF path or a models.txt name), optionally a draft model, and
-    optionally lookup decoding (``lookup=True`` or a LookupConfig; ``references``: texts) and
-    lookahead decoding (``lookahead=True`` or a LookaheadConfig)."""
+def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup: Union[bool, LookupConfig] = False,
+         lookahead: Union[bool, LookaheadConfig] = False, references: Sequence[str] = (),
+         n_ctx: int = ModelConfig.n_ctx, n_threads: Optional[int] = None, n_gpu_layers: int = ModelConfig.n_gpu_layers,
+         n_gpu_layers_draft: int = ModelConfig.n_gpu_layers, draft_max: int = DraftConfig.draft_max,
+         draft_min: int = DraftConfig.draft_min, draft_p_min: float = DraftConfig.draft_p_min,
+         cache_dir: Optional[Path] = None, progress: bool = True) -> LlamaSpec:
+    """Load a target model (a GGUF path or a models.txt name) and optionally a draft model.
+
+    ``spec``: "auto" (every source the models allow), "none" (plain decoding) or a list such as
+    "lookup,lookahead,draft". ``lookup=True`` / ``lookahead=True`` are shorthands that restrict
+    the sources to those (plus the draft model when one is given); a LookupConfig or
+    LookaheadConfig sets their parameters. ``references``: texts lookup and lookahead copy from.
+    """
+    spec_cfg = SpecConfig.parse(spec)
+    chosen = [name for name, on in (("lookup", lookup), ("lookahead", lookahead)) if on is True]
+    if chosen:
+        if spec_cfg.sources is not None:
+            raise ConfigError("give spec or the lookup=True / lookahead=True shorthands, not both")
+        spec_cfg = SpecConfig(frozenset(chosen + (["draft"] if draft else [])))
     target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
     draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft) if draft else None
-    lookup_cfg = LookupConfig() if lookup is True else (lookup or None)
-    lookahead_cfg = LookaheadConfig() if lookahead is True else (lookahead or None)
+    lookup_cfg = lookup if isinstance(lookup, LookupConfig) else LookupConfig()
+    lookahead_cfg = lookahead if isinstance(lookahead, LookaheadConfig) else LookaheadConfig()
     return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress,
-                     lookup_cfg, references, lookahead_cfg)
+                     lookup_cfg, references, lookahead_cfg, spec_cfg)

@@ -8,27 +8,28 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import click
 
-from . import models
-from .api import LlamaSpec, Result, make_config
-from .chat import new_messages
-from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig
+from . import costs, models
 from ._llama import Model
-from .config import default_threads
-from . import costs
-from .bench import STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, require_matplotlib, run_bench, \
-    write_plot
-from .compare import PROGRAMS, matched, run_compare
-from .costs import CostCurve, cached_curve
-from .draft_length import DraftLength, curve_summary
-from .drafters import LookupDrafter
+from .acceptance_model import AcceptanceModel
+from .api import LlamaSpec, Result, make_config
+from .bench import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
+                    require_matplotlib, run_bench, run_compare, write_plot)
+from .chat import new_messages
+from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
+                     SpecConfig, default_threads)
+from .costs import CostCurve, CostModel, cached_curve
 from .errors import LlamaspecError
-from .lookup import PromptLookup, replay
-from .ngram_cache import NGRAM_STATIC, NgramCache, NgramCaches
+from .lookup import LookupSource
+from .ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
+from .planner import Planner
+from .replay import copy_oracle, replay
+from .speculator import Speculator
 
 
 class _OneLineErrors(click.Group):
@@ -63,40 +64,49 @@ def cli() -> None:
     """
 
 
-# The options of every generating command, named as in llama.cpp, by parameter name.
+# The options of every generating command, named as in llama.cpp, by parameter name. Defaults
+# come from the config dataclasses (one definition each).
+_SAMPLING, _DRAFT, _LOOKUP, _LOOKAHEAD = SamplingConfig(), DraftConfig(), LookupConfig(), LookaheadConfig()
 MODEL_OPTIONS = {
     "model": click.option("-m", "--model", help="Target model: GGUF path or models.txt name."),
     "draft": click.option("-md", "--model-draft", "--draft", "draft",
                           help="Draft model: GGUF path or models.txt name."),
-    "n_ctx": click.option("-c", "--ctx-size", "n_ctx", type=int, default=4096, show_default=True,
+    "n_ctx": click.option("-c", "--ctx-size", "n_ctx", type=int, default=ModelConfig.n_ctx, show_default=True,
                           help="Context size of each model, in tokens."),
     "n_threads": click.option("-t", "--threads", "n_threads", type=int, default=None,
                               help="CPU threads [default: the cores this process may use]."),
-    "n_gpu_layers": click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=0, show_default=True,
+    "n_gpu_layers": click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=ModelConfig.n_gpu_layers,
+                                 show_default=True,
                                  help="Target layers to offload to the GPU (-1: all; needs a Metal/CUDA build)."),
-    "n_gpu_layers_draft": click.option("-ngld", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=int, default=0,
-                                       show_default=True, help="Draft layers to offload to the GPU."),
-    "max_tokens": click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
-                               help="Tokens to generate at most (-1: until a stop or a full context)."),
-    "temperature": click.option("--temp", "temperature", type=float, default=0.8, show_default=True,
+    "n_gpu_layers_draft": click.option("-ngld", "--n-gpu-layers-draft", "n_gpu_layers_draft", type=int,
+                                       default=ModelConfig.n_gpu_layers, show_default=True,
+                                       help="Draft layers to offload to the GPU."),
+    "max_tokens": click.option("-n", "--n-predict", "max_tokens", type=int, default=GenerationConfig.max_tokens,
+                               show_default=True, help="Tokens to generate at most (-1: until a stop or a full context)."),
+    "temperature": click.option("--temp", "temperature", type=float, default=_SAMPLING.temperature, show_default=True,
                                 help="Temperature; 0 is greedy (the output equals the target's greedy output)."),
-    "top_k": click.option("--top-k", type=int, default=40, show_default=True, help="Top-k (0: off)."),
-    "top_p": click.option("--top-p", type=float, default=0.95, show_default=True, help="Top-p in (0, 1] (1: off)."),
-    "min_p": click.option("--min-p", type=float, default=0.05, show_default=True, help="Min-p (0: off)."),
+    "top_k": click.option("--top-k", type=int, default=_SAMPLING.top_k, show_default=True, help="Top-k (0: off)."),
+    "top_p": click.option("--top-p", type=float, default=_SAMPLING.top_p, show_default=True,
+                          help="Top-p in (0, 1] (1: off)."),
+    "min_p": click.option("--min-p", type=float, default=_SAMPLING.min_p, show_default=True, help="Min-p (0: off)."),
     "seed": click.option("--seed", type=int, default=None, help="Random seed, for reproducible sampling."),
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
-    "draft_max": click.option("--draft-max", type=int, default=16, show_default=True,
-                              help="Most tokens the draft proposes per step."),
-    "draft_min": click.option("--draft-min", type=int, default=0, show_default=True,
-                              help="Shorter proposals are not verified."),
-    "draft_p_min": click.option("--draft-p-min", type=float, default=0.75, show_default=True,
-                                help="The draft stops when its top probability falls below this."),
+    "spec": click.option("--spec", default=None,
+                         help="Draft sources: auto (every one the models and files allow), none (plain decoding) "
+                              "or a list of lookup, lookahead, draft, cache  [default: auto]."),
+    "draft_max": click.option("--draft-max", type=int, default=_DRAFT.draft_max, show_default=True,
+                              help="Most tokens the draft model proposes per step."),
+    "draft_min": click.option("--draft-min", type=int, default=_DRAFT.draft_min, show_default=True,
+                              help="Shorter draft-model proposals are not verified."),
+    "draft_p_min": click.option("--draft-p-min", type=float, default=_DRAFT.draft_p_min, show_default=True,
+                                help="The draft model also stops when its top probability falls below this "
+                                     "(llama.cpp: 0.75; 0 leaves it to the planner)."),
     "lookup": click.option("--lookup", is_flag=True,
-                           help="Lookup decoding: drafts copied from the prompt, the output, references and caches "
-                           "(tried before --draft when both are given)."),
-    "lookup_ngram_min": click.option("--lookup-ngram-min", type=int, default=1, show_default=True,
+                           help="Shorthand: only lookup (prompt, output, references, caches), plus the draft model "
+                                "when -md is given."),
+    "lookup_ngram_min": click.option("--lookup-ngram-min", type=int, default=_LOOKUP.ngram_min, show_default=True,
                                      help="Shortest n-gram lookup matches."),
-    "lookup_ngram_max": click.option("--lookup-ngram-max", type=int, default=4, show_default=True,
+    "lookup_ngram_max": click.option("--lookup-ngram-max", type=int, default=_LOOKUP.ngram_max, show_default=True,
                                      help="Longest n-gram lookup matches (at most 4)."),
     "lookup_cache_static": click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None,
                                         help="Static n-gram cache (llama-lookup-create / `llamaspec lookup create`)."),
@@ -104,21 +114,23 @@ MODEL_OPTIONS = {
                                          help="Dynamic n-gram cache, updated after every generation "
                                               "(created if missing)."),
     "references": click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path),
-                               help="A document lookup and lookahead may copy from (repeatable); implies "
-                                    "--lookup unless --lookahead is given."),
+                               help="A document lookup and lookahead may copy from (repeatable)."),
     "lookahead": click.option("--lookahead", is_flag=True,
-                              help="Lookahead decoding: Jacobi guesses and an n-gram pool seeded from the prompt, "
-                                   "verified in one batch (no draft model)."),
-    "lookahead_w": click.option("--lookahead-w", type=int, default=LookaheadConfig.w, show_default=True,
+                              help="Shorthand: only lookahead (Jacobi window and n-gram pool), plus the draft model "
+                                   "when -md is given."),
+    "lookahead_w": click.option("--lookahead-w", type=int, default=_LOOKAHEAD.w, show_default=True,
                                 help="Lookahead window: columns of Jacobi guesses (llama-lookahead: 15)."),
-    "lookahead_n": click.option("--lookahead-n", type=int, default=LookaheadConfig.n, show_default=True,
+    "lookahead_n": click.option("--lookahead-n", type=int, default=_LOOKAHEAD.n, show_default=True,
                                 help="Lookahead n-gram size; the window has N - 1 levels (llama-lookahead: 5)."),
-    "lookahead_g": click.option("--lookahead-g", type=int, default=LookaheadConfig.g, show_default=True,
-                                help="Most pool candidates verified per step (llama-lookahead: 15)."),
+    "lookahead_g": click.option("--lookahead-g", type=int, default=_LOOKAHEAD.g, show_default=True,
+                                help="Most pool candidates per step (llama-lookahead: 15)."),
+    "spec_fixed": click.option("--spec-fixed", default=None,
+                               help="Sources verified whole every step, as llama.cpp's programs do (e.g. draft: "
+                                    "draft-max tokens each step); the others only as far as the planner finds "
+                                    "it pays."),
     "lookahead_fixed": click.option("--lookahead-fixed", is_flag=True,
-                                    help="Decode the whole window and all G candidates every step, as "
-                                         "llama-lookahead does (for GPUs); by default each step is sized from "
-                                         "the measured cost curve."),
+                                    help="Shorthand for --spec-fixed lookahead: all G candidates and the whole "
+                                         "window every step, as llama-lookahead does."),
     "cache_dir": click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                               help="Model cache [default: $LLAMASPEC_CACHE or the platform cache]."),
 }
@@ -138,6 +150,16 @@ def some_model_options(*names: str) -> Callable[[Callable], Callable]:
     return apply
 
 
+def _spec_option(o: dict, draft: bool) -> SpecConfig:
+    """--spec, or the --lookup / --lookahead shorthands; --spec-fixed and --lookahead-fixed."""
+    chosen = [name for name in ("lookup", "lookahead") if o[name]]
+    if chosen and o["spec"] is not None:
+        raise click.UsageError("give --spec or --lookup/--lookahead, not both")
+    spec = SpecConfig(frozenset(chosen + (["draft"] if draft else []))) if chosen else SpecConfig.parse(o["spec"] or "auto")
+    fixed = set(_names(o["spec_fixed"]) or []) | ({"lookahead"} if o["lookahead_fixed"] else set())
+    return spec.with_fixed(frozenset(fixed))
+
+
 def _load(o: dict, default_draft: bool) -> LlamaSpec:
     model, draft = o["model"], o["draft"]
     if model is None:
@@ -149,28 +171,13 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
     if draft:
         draft_cfg = ModelConfig(draft, n_ctx=o["n_ctx"], n_threads=o["n_threads"],
                                 n_gpu_layers=o["n_gpu_layers_draft"])
-    spec_cfg = DraftConfig(o["draft_max"], o["draft_min"], o["draft_p_min"])
-    lookahead = _lookahead_options(o)
-    lookup, references = _lookup_options(o, lookahead is not None)
-    return LlamaSpec(target, draft_cfg, spec_cfg, o["cache_dir"], progress=True, lookup=lookup,
-                     references=references, lookahead=lookahead)
-
-
-def _lookahead_options(o: dict) -> Optional[LookaheadConfig]:
-    if not o["lookahead"]:
-        return None
-    return LookaheadConfig(o["lookahead_w"], o["lookahead_n"], o["lookahead_g"], adaptive=not o["lookahead_fixed"])
-
-
-def _lookup_options(o: dict, lookahead: bool = False) -> tuple:
-    """The LookupConfig (None when lookup is off) and the reference texts."""
-    texts = [_read(path, "reference ") for path in o["references"]]
-    wanted = o["lookup"] or (texts and not lookahead) or o["lookup_cache_static"] or o["lookup_cache_dynamic"]
-    if not wanted:
-        return None, []
-    cfg = LookupConfig(ngram_min=o["lookup_ngram_min"], ngram_max=o["lookup_ngram_max"],
-                       cache_static=_str(o["lookup_cache_static"]), cache_dynamic=_str(o["lookup_cache_dynamic"]))
-    return cfg, texts
+    spec = _spec_option(o, draft_cfg is not None)
+    lookahead = LookaheadConfig(o["lookahead_w"], o["lookahead_n"], o["lookahead_g"])
+    lookup = LookupConfig(ngram_min=o["lookup_ngram_min"], ngram_max=o["lookup_ngram_max"],
+                          cache_static=_str(o["lookup_cache_static"]), cache_dynamic=_str(o["lookup_cache_dynamic"]))
+    references = [_read(path, "reference ") for path in o["references"]]
+    return LlamaSpec(target, draft_cfg, DraftConfig(o["draft_max"], o["draft_min"], o["draft_p_min"]), o["cache_dir"],
+                     progress=True, lookup=lookup, references=references, lookahead=lookahead, spec=spec)
 
 
 def _str(path: Optional[Path]) -> Optional[str]:
@@ -203,7 +210,8 @@ def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text and stats.")
 def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json: bool, **o: Any) -> None:
-    """Generate from one prompt (-p, -f or stdin). Without --draft it decodes plainly."""
+    """Generate from one prompt (-p, -f or stdin), speculating with every draft source the models
+    allow (--spec auto); --spec none decodes plainly."""
     text = _read_prompt(prompt, file)
     gen = _generation_options(o)
     if not text.strip():
@@ -292,10 +300,14 @@ def _chat_turn(spec: LlamaSpec, messages: List[dict], gen: dict) -> tuple:
 def _stats_report(result: Result) -> str:
     s = result.stats
     lines = [s.summary(), f"stop reason: {result.stop_reason}, target calls: {s.n_target_calls}, "
-             f"prompt {s.t_prompt:.2f} s, decode {s.t_decode:.2f} s (drafting {s.t_draft:.2f} s)"]
+             f"prompt {s.t_prompt:.2f} s, decode {s.t_decode:.2f} s (planning {s.t_plan:.2f} s, "
+             f"of which drafting {s.t_draft:.2f} s)"]
+    for name, src in sorted(s.sources.items()):
+        lines.append(f"{name}: {src.drafted} tokens verified in {src.steps} steps, {src.accepted} accepted")
+    lines += [why for _, why in sorted(s.idle.items())]
     if s.drafted_by_pos:
         by_pos = " ".join(f"{a}/{d}" for a, d in zip(s.accepted_by_pos, s.drafted_by_pos))
-        lines.append(f"accepted/drafted by draft position: {by_pos}")
+        lines.append(f"accepted/verified by depth: {by_pos}")
     return "\n".join(lines)
 
 
@@ -372,11 +384,9 @@ def lookup_create(model: str, output: Path, files: List[Path], cache_dir: Option
               help="Text to replay, as if the model had generated it.")
 @click.option("--prompt", "prompt_file", type=click.Path(path_type=Path), default=None,
               help="Prompt the text followed [default: none, the replay starts at the first token].")
-@click.option("--lookup-ngram-min", type=int, default=1, show_default=True)
-@click.option("--lookup-ngram-max", type=int, default=4, show_default=True)
-@click.option("--policy", type=click.Choice(["longest", "recent", "frequent"]), default="longest",
-              show_default=True, help="Which of several matches to copy from.")
-@click.option("--draft-max", type=int, default=31, show_default=True)
+@click.option("--lookup-ngram-min", type=int, default=_LOOKUP.ngram_min, show_default=True)
+@click.option("--lookup-ngram-max", type=int, default=_LOOKUP.ngram_max, show_default=True)
+@click.option("--draft-max", type=int, default=_LOOKUP.draft_max, show_default=True)
 @click.option("--lookup-cache-static", type=click.Path(path_type=Path), default=None)
 @click.option("--lookup-cache-dynamic", type=click.Path(path_type=Path), default=None)
 @click.option("--reference", "references", multiple=True, type=click.Path(path_type=Path))
@@ -384,38 +394,49 @@ def lookup_create(model: str, output: Path, files: List[Path], cache_dir: Option
               help="Threads of the cost curve to use [default: all cores].")
 @cache_option
 def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], lookup_ngram_min: int,
-                 lookup_ngram_max: int, policy: str, draft_max: int, lookup_cache_static: Optional[Path],
+                 lookup_ngram_max: int, draft_max: int, lookup_cache_static: Optional[Path],
                  lookup_cache_dynamic: Optional[Path], references: List[Path], n_threads: Optional[int],
                  cache_dir: Optional[Path]) -> None:
-    """Replay a text through the lookup drafter without running the model: how much would it
-    have drafted and accepted (llama-lookup-stats), and the speed-up the cached cost curve predicts."""
-    cfg = LookupConfig(lookup_ngram_min, lookup_ngram_max, policy, draft_max,
-                       _str(lookup_cache_static), _str(lookup_cache_dynamic))
+    """Replay a text through lookup and the planner without running the model: how much would be
+    verified and accepted (llama-lookup-stats), the speed-up the cached cost curve predicts, and
+    the copy-oracle bound (what verifying every copyable run at the measured cost would give)."""
+    cfg = LookupConfig(lookup_ngram_min, lookup_ngram_max, draft_max, _str(lookup_cache_static),
+                       _str(lookup_cache_dynamic))
     path = models.resolve_model(model, cache_dir)
     vocab = Model(path, vocab_only=True)
     prompt = vocab.tokenize(_read(prompt_file), add_special=True) if prompt_file else []
     text = vocab.tokenize(_read(text_file), add_special=not prompt, parse_special=False)
     if len(prompt) + len(text) < 2:
         raise click.UsageError("the text is too short to replay")
+    if not prompt:
+        prompt, text = text[:1], text[1:]
     refs = [vocab.tokenize(_read(r), add_special=False, parse_special=False) for r in references]
     measured = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
     curve = measured or CostCurve.flat()
-    caches = NgramCaches.open(cfg, vocab.n_vocab) if lookup_cache_static or lookup_cache_dynamic else None
-    drafter = LookupDrafter(PromptLookup(cfg.ngram_min, cfg.ngram_max, policy, refs),
-                            DraftLength(curve), draft_max, caches)
-    n_prompt = max(len(prompt), 1)
-    stats = replay(drafter, prompt + text, n_prompt, curve.cost, draft_max)
+    sources: list = [LookupSource(cfg.ngram_min, cfg.ngram_max, refs, cfg.draft_max)]
+    if lookup_cache_static or lookup_cache_dynamic:
+        caches = NgramCaches.open(cfg)
+        caches.validate_vocab(vocab.n_vocab)
+        sources.append(CacheSource(caches, cfg.draft_max))
+    costs_model = CostModel(curve)
+    stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(costs_model)))
     click.echo(f"n_predict    = {stats.n_tokens}")
     click.echo(f"n_drafted    = {stats.n_drafted}")
     click.echo(f"n_accept     = {stats.n_accept}")
     click.echo(f"accept       = {stats.accept:.3f}%")
-    click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / stats.n_steps:.2f} tokens per call)")
+    click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / max(stats.n_steps, 1):.2f} tokens per call)")
     if measured:
+        bound = copy_oracle(prompt, text, curve.cost)
         click.echo(f"predicted    = {stats.speedup:.2f}x plain decoding with the measured cost curve "
                    f"({curve.threads} threads, {curve.backend}: {curve_summary(curve)})")
+        click.echo(f"copy oracle  = {bound:.2f}x ({100 * stats.speedup / bound:.0f}% of it reached)")
     else:
         click.echo("predicted    = no cost curve cached for this model and thread count; "
-                   "run a --lookup generation once to measure it (lengths were chosen for a GPU-like flat curve)")
+                   "run `llamaspec profile` once to measure it (the replay assumed a GPU-like flat curve)")
+
+
+def curve_summary(curve: CostCurve, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32)) -> str:
+    return " ".join(f"{n}:{curve.cost(n):.2f}" for n in sizes)
 
 
 # --- bench, profile, compare ----------------------------------------------------------------
@@ -481,7 +502,7 @@ def bench_command(temperature: float, strategies: Optional[str], prompts: Option
     report = run_bench(settings, _names(strategies), suite, o["cache_dir"])
     click.echo(report.table())
     if json_file is not None:
-        _write(json_file, json.dumps(report.to_dict(), indent=1) + "\n")
+        _write(json_file, json.dumps(asdict(report), indent=1) + "\n")
     if plot_file is not None:
         write_plot(report, plot_file)
 
@@ -536,7 +557,7 @@ def compare_command(prompt: Optional[str], file: Optional[Path], prompt_name: st
     report = run_compare(settings, source, _names(strategies), bin_dir, timeout, o["cache_dir"])
     click.echo(report.table())
     if json_file is not None:
-        _write(json_file, json.dumps(report.to_dict(), indent=1) + "\n")
+        _write(json_file, json.dumps(asdict(report), indent=1) + "\n")
 
 
 def _read(path: Path, what: str = "") -> str:

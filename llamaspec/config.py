@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 from .errors import ConfigError
 
@@ -75,16 +75,17 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """Draft-model speculation, with llama.cpp's names and defaults.
+    """Draft-model speculation, with llama.cpp's names.
 
-    The draft proposes up to ``draft_max`` tokens and stops early when its own
-    probability for the next token falls below ``draft_p_min``; a proposal shorter
-    than ``draft_min`` is dropped and the step decodes plainly.
+    The draft proposes up to ``draft_max`` tokens; it stops earlier when the planner's
+    estimate says one more token no longer pays, and when its own probability for the next
+    token falls below ``draft_p_min`` (llama.cpp's rule; llama.cpp's default is 0.75, here 0:
+    the planner decides). A proposal shorter than ``draft_min`` is dropped.
     """
 
     draft_max: int = 16
     draft_min: int = 0
-    draft_p_min: float = 0.75
+    draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.draft_max >= 1, f"draft-max must be >= 1, got {self.draft_max}")
@@ -110,14 +111,13 @@ class LookupConfig:
     """Drafts copied from text already seen: the prompt and output (prompt lookup), reference
     documents, and llama.cpp-format n-gram caches.
 
-    Matches are n-grams of ``ngram_min`` .. ``ngram_max`` tokens, longest first; ``policy``
-    picks among several occurrences (see ``PromptLookup``). The number of drafted tokens
-    verified per step is chosen from the measured verify cost, up to ``draft_max``.
+    Matches are n-grams of ``ngram_min`` .. ``ngram_max`` tokens, longest first; occurrences
+    whose preceding tokens agree longest with the text come first (see ``PromptLookup``).
+    Candidates are at most ``draft_max`` tokens; the planner verifies what pays.
     """
 
     ngram_min: int = 1
     ngram_max: int = 4
-    policy: str = "longest"
     draft_max: int = 31
     cache_static: Optional[str] = None
     cache_dynamic: Optional[str] = None
@@ -125,28 +125,79 @@ class LookupConfig:
     def __post_init__(self) -> None:
         _check(1 <= self.ngram_min <= self.ngram_max <= 4,
                f"lookup n-gram sizes must satisfy 1 <= min <= max <= 4, got {self.ngram_min}..{self.ngram_max}")
-        _check(self.policy in ("longest", "recent", "frequent"),
-               f"lookup policy must be longest, recent or frequent, got {self.policy!r}")
         _check(self.draft_max >= 1, f"lookup draft-max must be >= 1, got {self.draft_max}")
 
 
 @dataclass(frozen=True)
 class LookaheadConfig:
     """Lookahead decoding: a window of ``w`` columns by ``n - 1`` levels of Jacobi guesses,
-    n-grams of ``n`` tokens, up to ``g`` candidates verified per step (see ``lookahead.py``).
-
-    ``adaptive`` sizes each step from the measured cost curve (candidates cut to the length
-    that pays, the window decoded only where it is nearly free); without it every step
-    decodes the whole window and all candidates, as llama.cpp's llama-lookahead does.
-    """
+    n-grams of ``n`` tokens, up to ``g`` pool candidates per step (see ``lookahead.py``)."""
 
     w: int = 4
     n: int = 4
     g: int = 4
-    adaptive: bool = True
 
     def __post_init__(self) -> None:
         _check(self.w >= 0, f"lookahead W must be >= 0, got {self.w}")
         _check(self.n >= 2, f"lookahead N must be >= 2, got {self.n}")
         _check(self.g >= 0, f"lookahead G must be >= 0, got {self.g}")
         _check(self.w + self.g >= 1, "lookahead needs a window (W >= 1) or candidates (G >= 1)")
+
+
+# Every draft source, by the name --spec, the statistics and the acceptance model use.
+SOURCES = ("lookup", "cache", "lookahead", "draft")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which draft sources run. ``sources`` None is ``auto``: every source the loaded models and
+    given files allow (prompt lookup and lookahead always, the n-gram caches when files are
+    given, the draft model when one is loaded). An empty set is plain decoding.
+
+    Sources in ``fixed`` are verified whole every step, as llama.cpp's programs do (the draft
+    model drafts up to draft-max tokens, lookahead verifies all G candidates and decodes its
+    whole window); the others only as far as the planner finds it pays.
+    """
+
+    sources: Optional[FrozenSet[str]] = None
+    fixed: FrozenSet[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted((set(self.sources or ()) | set(self.fixed)) - set(SOURCES))
+        _check(not unknown, f"unknown draft source {unknown[0] if unknown else ''!r}; "
+                            f"choose from auto, none or {', '.join(SOURCES)}")
+
+    @staticmethod
+    def parse(text: str) -> "SpecConfig":
+        """``auto``, ``none`` or a comma-separated list of source names."""
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        if names == ["auto"]:
+            return SpecConfig()
+        if names == ["none"]:
+            return SpecConfig(frozenset())
+        _check(bool(names) and "auto" not in names and "none" not in names,
+               f"--spec takes auto, none or a list of {', '.join(SOURCES)}, got {text!r}")
+        return SpecConfig(frozenset(names))
+
+    def with_fixed(self, names: FrozenSet[str]) -> "SpecConfig":
+        return SpecConfig(self.sources, frozenset(self.fixed | names))
+
+    def resolve(self, draft: bool, caches: bool) -> FrozenSet[str]:
+        """The sources to run given what is loaded: whether there is a draft model and n-gram
+        cache files. ``lookup`` includes the caches when files are given."""
+        if self.sources is None:
+            names = frozenset({"lookup", "lookahead"} | ({"draft"} if draft else set()) | ({"cache"} if caches else set()))
+        else:
+            _check(draft or "draft" not in self.sources, "the draft source needs a draft model (-md)")
+            _check(caches or "cache" not in self.sources,
+                   "the cache source needs an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)")
+            names = frozenset(self.sources | ({"cache"} if caches and "lookup" in self.sources else set()))
+        idle = sorted(self.fixed - names)
+        _check(not idle, f"{idle[0] if idle else ''} is to be verified whole but does not run")
+        return names
+
+    @property
+    def name(self) -> str:
+        if self.sources is None:
+            return "auto"
+        return ",".join(s for s in SOURCES if s in self.sources) or "none"

@@ -1,20 +1,23 @@
 """What verifying n tokens costs on this machine: measured once, cached, used to size drafts.
 
 A verify batch needs logits for every row. On a GPU its cost barely grows with n; on a small
-CPU it grows a lot and not even monotonically (BASELINE.md: 16 tokens cost less than 12).
+CPU it grows a lot and not even monotonically (on the 2-core reference machine 16 tokens cost
+less than 12: REFERENCE_CPU).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from tqdm import tqdm
 
 from ._llama import Context, Model, backend_name
 from .errors import ConfigError
@@ -48,17 +51,97 @@ class CostCurve:
         return CostCurve([1.0] * n_max, 0.0, 0, "ideal")
 
 
+# The reference machine's curve (2 cores, Qwen2.5-Coder-1.5B Q4_K_M, measured idle with
+# `llamaspec profile`), for replays and tests that must not depend on the machine they run on.
+REFERENCE_CPU = CostCurve([round(float(c), 3) for c in np.interp(
+    np.arange(1, 33), [1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
+    [1.00, 1.51, 2.05, 2.47, 3.65, 5.71, 7.02, 6.74, 10.26, 11.53])], 30.0, 2, "cpu")
+
+
+class CostModel:
+    """What a step costs, in units of one single-token target decode: verifying n rows (the
+    target's curve) and, with a draft model, drafting. Both start from measured curves and are
+    refined online from the wall time of every decode, so a curve measured on a busy machine,
+    or a machine that slows down, does not mislead the planner for ever.
+
+    Refinement: each decode of n rows gives a ratio r = measured / curve.ms(n). A size's own
+    ratios and all sizes' ratios are averaged with weights that decay by DECAY per decode; a
+    size's estimate is curve.ms(n) times the blend (own weight w_n, global weight PULL), so a
+    size seldom seen follows the machine's overall drift.
+    """
+
+    DECAY = 0.97
+    PULL = 0.25
+
+    def __init__(self, target: CostCurve, draft: Optional[CostCurve] = None) -> None:
+        self.curves = {"target": target, "draft": draft}
+        self._size: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (kind, n) -> (sum of ratios, weight)
+        self._all: Dict[str, Tuple[float, float]] = {}
+
+    @property
+    def has_draft(self) -> bool:
+        return self.curves["draft"] is not None
+
+    def ms(self, kind: str, n: int) -> float:
+        """Estimated milliseconds of one decode of n rows of the target or the draft."""
+        curve = self.curves[kind]
+        if curve is None:
+            raise ValueError(f"no {kind} curve")
+        s_all, w_all = self._all.get(kind, (0.0, 0.0))
+        drift = s_all / w_all if w_all else 1.0
+        s, w = self._size.get((kind, n), (0.0, 0.0))
+        ratio = (s + self.PULL * drift) / (w + self.PULL)
+        return curve.ms(n) * ratio if curve.ms_per_token > 0 else curve.cost(n) * ratio
+
+    def verify(self, n: int) -> float:
+        """Cost of one target decode of n rows, relative to one row."""
+        return self.ms("target", n) / self.ms("target", 1)
+
+    def draft_token(self) -> float:
+        """Cost of one single-token draft decode, relative to one of the target."""
+        return self.ms("draft", 1) / self.ms("target", 1)
+
+    def draft(self, n_tokens: int, lag: int) -> float:
+        """Cost of drafting ``n_tokens`` after catching the draft's cache up on ``lag`` accepted
+        tokens: one decode of lag + 1 rows (the catch-up and the pending token), then one per
+        further token."""
+        if n_tokens <= 0:
+            return 0.0
+        return (self.ms("draft", lag + 1) + (n_tokens - 1) * self.ms("draft", 1)) / self.ms("target", 1)
+
+    def units(self, seconds: float) -> float:
+        """``seconds`` in units of one single-token target decode."""
+        return 1000 * seconds / self.ms("target", 1)
+
+    def observe(self, kind: str, n: int, seconds: float) -> None:
+        """A decode of n rows took ``seconds``."""
+        curve = self.curves[kind]
+        if curve is None or curve.ms_per_token <= 0 or seconds <= 0:
+            return
+        r = 1000 * seconds / curve.ms(n)
+        d = self.DECAY
+        for key, table in (((kind, n), self._size), (kind, self._all)):
+            s, w = table.get(key, (0.0, 0.0))  # type: ignore[call-overload]
+            table[key] = (s * d + r, w * d + 1)  # type: ignore[index]
+        for key in [k for k in self._size if k[0] == kind and k[1] != n]:
+            s, w = self._size[key]
+            self._size[key] = (s * d, w * d)
+
+
 PREFIX = 256  # tokens in the cache while measuring: attention over a typical prompt costs too
 
 
-def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2) -> CostCurve:
+def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2, progress: str = "") -> CostCurve:
     """Time decodes of n tokens (logits for every row) after PREFIX tokens past what the
-    context holds, then roll all of it back; interpolate between the sizes measured."""
+    context holds, then roll all of it back; interpolate between the sizes measured.
+    ``progress``: the description of a progress bar on stderr (none when empty)."""
     filler = [max(ctx.model.bos, 0)] * min(PREFIX, max(ctx.n_ctx - len(ctx.tokens) - max(sizes) - 1, 1))
     base = len(ctx.tokens)
-    ctx.eval(filler)
-    best = {}
+    best: Dict[int, float] = {}
+    bar = tqdm(total=repeats * len(sizes), desc=progress, unit="decode", file=sys.stderr, disable=not progress,
+               leave=False)
     try:
+        ctx.eval(filler)
         for _ in range(repeats):
             for n in sizes:
                 t0 = time.perf_counter()
@@ -66,7 +149,9 @@ def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2) -> Cos
                 dt = time.perf_counter() - t0
                 ctx.truncate(base + len(filler))
                 best[n] = min(dt, best.get(n, dt))
+                bar.update()
     finally:
+        bar.close()
         ctx.truncate(base)
     xs = sorted(best)
     curve = np.interp(np.arange(1, N_MAX + 1), xs, [best[n] / best[1] for n in xs])
@@ -92,13 +177,15 @@ def cached_curve(model_path: Path, threads: int, cache_file: Path, backend: str 
     return CostCurve(**entry) if entry else None
 
 
-def load_or_measure(ctx: Context, cache_file: Optional[Path]) -> CostCurve:
-    """The cached curve of this model, thread count and backend, or a fresh measurement (saved)."""
+def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = False) -> CostCurve:
+    """The cached curve of this model, thread count and backend, or a fresh measurement (saved).
+    With ``progress``, a measurement shows a progress bar saying what it does."""
     key = _key(ctx.model.path, ctx.threads, backend_name(ctx.model))
     table = _read_table(cache_file)
     if key in table:
         return CostCurve(**table[key])
-    curve = measure(ctx)
+    curve = measure(ctx, progress=f"measuring the cost of verifying n tokens with {ctx.model.path.name} "
+                                   f"(once per model and thread count)" if progress else "")
     if cache_file is not None:
         save(curve, ctx, cache_file)
     return curve

@@ -1,49 +1,39 @@
-"""Lookahead decoding (Fu et al., 2024): Jacobi iteration and an n-gram pool, one batch per step.
+"""Lookahead decoding (Fu et al., 2024): Jacobi iteration and an n-gram pool, no draft model.
 
-No draft model. Each step one ``llama_decode`` of the target carries
+Two parts, both offered to the planner every step by ``LookaheadSource``:
 
-- the pending token ``I`` (the last accepted token, not yet in the cache);
-- a lookahead window of W columns by N - 1 levels of guesses ``L``: column i is a little
+- the pool: N-grams seen so far (in the prompt, the references, the output, and those the
+  window produced), keyed by their first token. The N-grams that start with the pending token
+  are candidates, verified in the trie like every other source's (see ``trie.py``);
+- the window: W columns by N - 1 levels of Jacobi guesses ``L``. Column i is a little
   sequence (level 0 up to column i, then its own levels); the output of its last level is a
-  fresh guess one position further, so each step refines the guesses (Jacobi iteration), and
-  every column yields an N-gram for the pool;
-- up to G candidates ``V`` from the pool (N-grams whose first token is ``I``), each verified
-  on its own KV-cache sequence.
+  fresh guess one position further, so each ride refines the guesses, and every column yields
+  an N-gram for the pool. The window rides along in the verify batch, after the trie's rows,
+  when the planner finds its value (future tokens from its N-grams, learned) worth its rows.
 
-Batch layout for W = 4, N = 4, G = 2 (``x``: the row belongs to that KV-cache sequence;
-offsets count from the pending token's position n_past)::
+The window's rows for W = 4, N = 4 (``x``: the row belongs to that column's KV-cache sequence;
+offsets count from the pending token ``I``, whose row is the trie's root, shared by every
+sequence)::
 
-    row      0 |  1  2  3  4  5  6 |  7  8  9 10 11 12 13 14 15 16 17
-    kind     I |  V  V  V  V  V  V |  L  L  L  L  L  L  L  L  L  L  L
-    level    0 |                   |  0  0  0  1  1  1  1  2  2  2  2
-    column   0 |                   |  1  2  3  0  1  2  3  0  1  2  3
-    offset   0 |  1  2  3  1  2  3 |  1  2  3  1  2  3  4  2  3  4  5
-    logits   1 |  1  1  1  1  1  1 |  0  0  0  0  0  0  0  1  1  1  1
-    seq 0    x |  .  .  .  .  .  . |  .  .  .  .  .  .  .  .  .  .  .   accepted text
-    seq 1    x |  .  .  .  .  .  . |  .  .  .  x  .  .  .  x  .  .  .   window column 0
-    seq 2    x |  .  .  .  .  .  . |  x  .  .  .  x  .  .  .  x  .  .   window column 1
-    seq 3    x |  .  .  .  .  .  . |  x  x  .  .  .  x  .  .  .  x  .   window column 2
-    seq 4    x |  .  .  .  .  .  . |  x  x  x  .  .  .  x  .  .  .  x   window column 3
-    seq 5    x |  x  x  x  .  .  . |  .  .  .  .  .  .  .  .  .  .  .   candidate 0
-    seq 6    x |  .  .  .  x  x  x |  .  .  .  .  .  .  .  .  .  .  .   candidate 1
+    row      0 |  1  2  3  4  5  6  7  8  9 10 11
+    level    I |  0  0  0  1  1  1  1  2  2  2  2
+    column   0 |  1  2  3  0  1  2  3  0  1  2  3
+    offset   0 |  1  2  3  1  2  3  4  2  3  4  5
+    logits   . |  0  0  0  0  0  0  0  1  1  1  1
+    column 0 x |  .  .  .  x  .  .  .  x  .  .  .
+    column 1 x |  x  .  .  .  x  .  .  .  x  .  .
+    column 2 x |  x  x  .  .  .  x  .  .  .  x  .
+    column 3 x |  x  x  x  .  .  .  x  .  .  .  x
 
-Column i reads, position by position: I, level 0 of columns 1..i, then its own levels 1..N-2;
-its last level's output guesses the next position. Sequence ids: 0 the accepted text, 1..W the window columns,
-W + 1..W + G the candidates, so a context needs ``W + G + 1`` sequences. Before the decode
-every other sequence shares sequence 0's cells (the prefix); after it, the accepted
-candidate's cells join sequence 0 and sequences 1..W + G are emptied: between steps only
-sequence 0 holds anything (the window is decoded anew each step, as in llama.cpp).
+Column i reads, position by position: I, level 0 of columns 1..i, then its own levels
+1..N-2; its last level's output guesses the next position. After the decode each column's
+N-gram (its level-0 token, its levels 1..N-2, the new guess) goes into the pool; the levels
+move up by one and the new guesses become the last level; each further accepted token moves
+them up once more, so every guess stays at its position. The window's sequences are emptied
+after every step, like the trie's (it is decoded anew each ride, as in llama.cpp).
 
-After the decode: the target verifies the candidates (acceptance.verify_branches); each
-column's N-gram (its level-0 token, its levels 1..N-2, the new guess) goes into the pool;
-the levels move up by one and the new guesses become the last level; each further accepted
-token moves them up once more, so every guess stays at its position.
-
-On a small CPU a decode of n tokens costs far more than one, so by default (``adaptive``)
-candidates are cut to the length the cost curve pays for (DraftLength, as lookup does), and
-further candidates and the window ride along only where the curve says they are nearly
-free. With ``adaptive=False`` every step carries the whole window and all G candidates, as
-llama.cpp's ``llama-lookahead`` does; that is the setting for a GPU.
+With ``SpecConfig(fixed={"lookahead"})`` every step verifies all G candidates and the window
+always rides, as llama.cpp's ``llama-lookahead`` does.
 """
 
 from __future__ import annotations
@@ -53,15 +43,20 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._llama import Context, Row, max_sequences
+from ._llama import max_sequences
+from .candidates import Budget, Candidate, Outcome, Proposal, Rider, RiderRow, length_bucket
 from .config import LookaheadConfig, SamplingConfig
-from .draft_length import DraftLength
-from .drafters import Proposal, Tree
 from .errors import ConfigError
-from .lookup import appended
+from .planner import MAX_LEAVES
+from .sequences import appended, common_prefix
 
-# A row or branch is added "for free" when it makes the decode at most this much dearer.
-FREE = 0.05
+# Buckets of n-grams the window produced start here (text n-grams use 0 .. 32).
+WINDOW_BUCKETS = 64
+# What one window ride is worth before any evidence (future accepted tokens), its weight in
+# rides, and how fast evidence decays (per step).
+WINDOW_PRIOR = 0.1
+WINDOW_WEIGHT = 4.0
+WINDOW_DECAY = 0.98
 
 
 class NgramPool:
@@ -79,20 +74,22 @@ class NgramPool:
         if n < 2:
             raise ConfigError(f"lookahead n-grams need N >= 2, got {n}")
         self.n, self.per_key = n, per_key
-        # first token -> continuation (n - 1 tokens) -> the tokens before the n-gram
-        self._grams: Dict[int, "OrderedDict[Tuple[int, ...], Tuple[int, ...]]"] = {}
+        # first token -> continuation (n - 1 tokens) -> (the tokens before the n-gram, from the window?)
+        self._grams: Dict[int, "OrderedDict[Tuple[int, ...], Tuple[Tuple[int, ...], bool]]"] = {}
 
     def __len__(self) -> int:
         return sum(len(c) for c in self._grams.values())
 
-    def add(self, ngram: Sequence[int], before: Sequence[int] = ()) -> None:
-        """Remember ``ngram`` (``n`` tokens), seen after the tokens ``before``."""
+    def add(self, ngram: Sequence[int], before: Sequence[int] = (), window: bool = False) -> None:
+        """Remember ``ngram`` (``n`` tokens), seen after the tokens ``before``; ``window``: the
+        Jacobi window produced it (the text did not, yet)."""
         if len(ngram) != self.n:
             raise ValueError(f"expected {self.n} tokens, got {len(ngram)}")
         conts = self._grams.setdefault(int(ngram[0]), OrderedDict())
         cont = tuple(int(t) for t in ngram[1:])
-        conts.pop(cont, None)
-        conts[cont] = tuple(int(t) for t in before[-self.CONTEXT:])  # most recent last
+        old = conts.pop(cont, None)
+        window = window and (old is None or old[1])  # seen in the text once: a text n-gram
+        conts[cont] = (tuple(int(t) for t in before[-self.CONTEXT:]), window)  # most recent last
         if len(conts) > self.per_key:
             conts.popitem(last=False)
 
@@ -101,13 +98,13 @@ class NgramPool:
         for i in range(max(0, start - self.n + 1), len(tokens) - self.n + 1):
             self.add(tokens[i:i + self.n], tokens[max(0, i - self.CONTEXT):i])
 
-    def candidates(self, before: Sequence[int], key: int, g: int) -> List[Tuple[List[int], int]]:
+    def candidates(self, before: Sequence[int], key: int, g: int) -> List[Tuple[List[int], int, bool]]:
         """Up to ``g`` continuations of ``key``, best first, each with how many of the tokens
-        before it match the end of ``before``."""
+        before it match the end of ``before`` and whether the window produced it."""
         conts = self._grams.get(int(key))
         if not conts:
             return []
-        scored = [(list(cont), _suffix_match(ctx, before)) for cont, ctx in reversed(conts.items())]
+        scored = [(list(cont), _suffix_match(ctx, before), window) for cont, (ctx, window) in reversed(conts.items())]
         scored.sort(key=lambda item: -item[1])  # stable: the most recent first among equals
         return scored[:g]
 
@@ -130,13 +127,12 @@ class Window:
         pool = np.asarray(seed_tokens if len(seed_tokens) else [0], dtype=np.int64)
         self.levels = rng.choice(pool, size=(n - 1, w))
 
-    def rows(self, first_seq: int) -> List[Row]:
-        """The window's batch rows, column i on sequence ``first_seq + i``; logits on the last level."""
+    def rows(self) -> List[RiderRow]:
+        """The window's batch rows, column i on local sequence i; logits on the last level."""
         w, last = self.w, self.n - 2
-        seqs = [first_seq + i for i in range(w)]
-        rows: List[Row] = [(int(self.levels[0, i]), i, seqs[i:], last == 0) for i in range(1, w)]
+        rows: List[RiderRow] = [(int(self.levels[0, i]), i, tuple(range(i, w)), last == 0) for i in range(1, w)]
         for j in range(1, self.n - 1):
-            rows += [(int(self.levels[j, i]), i + j, [seqs[i]], j == last) for i in range(w)]
+            rows += [(int(self.levels[j, i]), i + j, (i,), j == last) for i in range(w)]
         return rows
 
     def advance(self, before: Sequence[int], guesses: np.ndarray,
@@ -156,130 +152,102 @@ class Window:
         return grams
 
 
-class LookaheadDrafter:
-    """Proposes pool candidates and carries the lookahead window in the same decode."""
+class LookaheadSource:
+    """Lookahead decoding as a draft source: pool n-grams that start with the pending token are
+    candidates, and the Jacobi window is a rider (it rides when the planner finds it pays).
+
+    Evidence: token i of an n-gram whose preceding tokens match the text on m tokens is in
+    bucket ``length_bucket(1 + m + i)`` (the n-gram's first token matches too), plus
+    ``WINDOW_BUCKETS`` for n-grams the window produced rather than the text.
+    """
 
     name = "lookahead"
+    expensive = False
 
-    def __init__(self, target: Context, config: LookaheadConfig, length: DraftLength,
-                 references: Sequence[Sequence[int]] = ()) -> None:
-        check_fits(config, target.n_ctx, target.n_batch)
-        if target.n_seq_max < config.w + config.g + 1:
-            raise ConfigError(f"lookahead needs a context with W + G + 1 = {config.w + config.g + 1} sequences")
-        self.target, self.config, self.length = target, config, length
-        self.pool = NgramPool(config.n, per_key=max(16, config.g))
+    def __init__(self, config: LookaheadConfig, references: Sequence[Sequence[int]] = ()) -> None:
+        self.config = config
+        self.pool = NgramPool(config.n)
         for ref in references:
             self.pool.add_text(ref)
         self.window: Optional[Window] = None
-        self._seen: List[int] = []  # the text already added to the pool
-        self._guesses: Optional[np.ndarray] = None
-        self._first = -1  # the best candidate's first token, when it was not verified
-        self._match = 0
-        self.hits = 0
+        self._seen: List[int] = []  # the text whose n-grams the pool holds
+        # decayed (tokens accepted from window n-grams, window rides): what a ride is worth
+        self._credit, self._rides = 0.0, 0.0
 
-    def contexts(self) -> List[Context]:
-        return []  # the window and the candidates live in the target's context
+    def window_value(self) -> float:
+        """Expected future accepted tokens per window ride, learned (prior WINDOW_PRIOR)."""
+        return (self._credit + WINDOW_WEIGHT * WINDOW_PRIOR) / (self._rides + WINDOW_WEIGHT)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.hits = 0  # per generation; the pool lives on
-        self._learn_text(tokens)
+    def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        self._follow(tokens)
         if self.window is None and self.config.w > 0:
             self.window = Window(self.config.w, self.config.n, tokens)
+        k = min(self.config.n - 1, budget.max_len)
+        found = self.pool.candidates(tokens[-1 - NgramPool.CONTEXT:-1], tokens[-1], self.config.g) if k > 0 else []
+        cands = tuple(Candidate(tuple(cont[:k]), self.name,
+                                tuple((WINDOW_BUCKETS if window else 0) + length_bucket(1 + match + i)
+                                      for i in range(k)))
+                      for cont, match, window in found)
+        rider = None
+        if self.window is not None:
+            rider = Rider(tuple(self.window.rows()), self.config.w, self.window_value())
+        return Proposal(cands, rider)
 
-    def _learn_text(self, tokens: Sequence[int]) -> None:
-        new = appended(self._seen, tokens)
-        start = len(self._seen) if new is not None else 0
-        self.pool.add_text(tokens, start)
-        self._seen = list(tokens)
+    def learn(self, outcome: Outcome) -> None:
+        emitted = outcome.emitted
+        accepted = emitted[:-1]
+        best = 0  # tokens the best window n-gram gave
+        for cand in outcome.candidates:
+            if cand.source == self.name:
+                n = 0
+                while n < min(len(cand.tokens), len(accepted)) and cand.tokens[n] == accepted[n]:
+                    n += 1
+                if cand.evidence and cand.evidence[0] >= WINDOW_BUCKETS:
+                    best = max(best, n)
+        self._credit *= WINDOW_DECAY
+        self._rides *= WINDOW_DECAY
+        self._credit += best
+        if outcome.rider_tokens is not None and self.window is not None:
+            self._rides += 1
+            guesses = list(outcome.rider_tokens)
+            if self.config.n == 2:  # the last level is level 0: column 0's guess is the pending token's successor
+                guesses = [emitted[0], *guesses]
+            text = outcome.tokens
+            before = text[max(0, len(text) - len(emitted) - NgramPool.CONTEXT - 1):len(text) - len(emitted)]
+            for gram, ctx in self.window.advance(before, np.asarray(guesses), len(emitted)):
+                self.pool.add(gram, ctx, window=True)
+        self._follow(outcome.tokens)
 
-    def propose(self, tokens: Sequence[int], max_len: int, sampling: SamplingConfig,
-                rng: np.random.Generator) -> Proposal:
-        cfg = self.config
-        cands = self.pool.candidates(tokens[-1 - NgramPool.CONTEXT:-1], tokens[-1], cfg.g)
-        self._match = 1 + cands[0][1] if cands else 0
-        self._first = cands[0][0][0] if cands else -1
-        k = min(cfg.n - 1, max_len)
-        if cfg.adaptive and cands:
-            k = self.length.choose(k, self._match)
-        branches = [c[:k] for c, _ in cands] if k > 0 else []
-        if cfg.adaptive and branches:
-            branches = branches[: self._free_branches(len(branches), k)]
-        room = min(self.target.n_ctx - len(tokens), self.target.n_batch) - 1
-        n_rows = sum(len(b) for b in branches)
-        window = self.window is not None and n_rows + cfg.w * (cfg.n - 1) - 1 <= room
-        if window and cfg.adaptive:
-            window = self._free(1 + n_rows, cfg.w * (cfg.n - 1) - 1)
-        if not window and len(branches) <= 1:
-            return Proposal(branches[0] if branches else [])  # the plain path: one draft on seq 0
-        return Proposal(tree=self._tree(branches, window))
+    def _follow(self, tokens: Sequence[int]) -> None:
+        """Add the n-grams of text the pool has not seen (after a cut, only past the common part)."""
+        keep = len(self._seen) if appended(self._seen, tokens) is not None else common_prefix(self._seen, tokens)
+        if keep < len(tokens):
+            self.pool.add_text(tokens, keep)
+            self._seen = list(tokens)
 
-    def _free(self, n_rows: int, extra: int) -> bool:
-        costs = self.length.costs
-        return costs.cost(n_rows + extra) <= (1 + FREE) * costs.cost(n_rows)
-
-    def _free_branches(self, n: int, k: int) -> int:
-        used = 1
-        while used < n and self._free(1 + used * k, k):
-            used += 1
-        return used
-
-    def _tree(self, branches: List[List[int]], window: bool) -> Tree:
-        w = self.config.w
-        rows: List[Row] = []
-        outputs: List[List[int]] = []
-        seqs = [1 + w + g for g in range(len(branches))]
-        for seq, branch in zip(seqs, branches):
-            outputs.append([1 + len(rows) + j for j in range(len(branch))])
-            rows += [(t, j + 1, [seq], True) for j, t in enumerate(branch)]
-        first_guess = 1 + len(rows)
-        if window and self.window is not None:
-            rows += self.window.rows(first_seq=1)
-
-        def on_decoded(logits: np.ndarray) -> None:
-            if not window:
-                return
-            out = logits[first_guess:].argmax(axis=1)
-            if self.config.n == 2:  # the last level is level 0: column 0's guess is the pending row's
-                out = np.concatenate([[logits[0].argmax()], out])
-            self._guesses = out
-
-        return Tree(branches, seqs or [0], outputs, rows, on_decoded)
-
-    def accepted(self, tokens: Sequence[int], n_drafted: int, n_accepted: int) -> None:
-        if n_drafted and self.config.adaptive:
-            self.length.record(self._match, min(n_drafted, self.config.n - 1), n_accepted)
-        elif not n_drafted and self._first >= 0:
-            # Not verified, but this step shows whether the best candidate's first token was
-            # right: free evidence, so lookahead that stopped proposing can learn to start again.
-            self.length.record(self._match, 1, int(self._first == tokens[-1]))
-        self._first = -1
-        self.hits += n_accepted > 0  # steps that accepted a pool candidate
-        if self._guesses is not None and self.window is not None:
-            before = tokens[-NgramPool.CONTEXT - 2 - n_accepted:len(tokens) - 1 - n_accepted]
-            for gram, before in self.window.advance(before, self._guesses, 1 + n_accepted):
-                self.pool.add(gram, before)
-        self._guesses = None
-        self._learn_text(tokens)
+    def contexts(self) -> list:
+        return []
 
     def finish(self, tokens: Sequence[int]) -> None:
         pass
 
-    def extra_stats(self) -> Dict[str, int]:
-        return {"pool_size": len(self.pool), "pool_hits": self.hits}
 
-
-def check_fits(config: LookaheadConfig, n_ctx: int, n_batch: int) -> int:
-    """Refuse, before anything is loaded or decoded, a window and candidates that a context of
-    ``n_ctx`` tokens and batches of ``n_batch`` cannot hold. Returns the sequences needed."""
-    n_seq = config.w + config.g + 1
+def check_fits(config: LookaheadConfig, n_ctx: int, n_batch: int, whole: bool = False) -> int:
+    """The KV-cache sequences a context needs for lookahead (the text, a branch per candidate, at
+    least MAX_LEAVES, a column per window column), refused when llama.cpp cannot have that many.
+    With ``whole`` (every step carries all G candidates and the window, as llama-lookahead) a
+    step that a batch of ``n_batch`` or half the ``n_ctx`` context cannot hold is refused too;
+    otherwise the planner sizes each step to what fits. Checked before anything is loaded."""
+    n_seq = 1 + max(config.g, MAX_LEAVES) + config.w
     if n_seq > max_sequences():
-        raise ConfigError(f"lookahead needs W + G + 1 = {n_seq} KV-cache sequences; llama.cpp allows "
+        raise ConfigError(f"lookahead needs {n_seq} KV-cache sequences (W + G + 1 at least); llama.cpp allows "
                           f"at most {max_sequences()}")
     rows = (config.w + config.g) * (config.n - 1)
-    if rows > n_batch:
+    if whole and rows > n_batch:
         raise ConfigError(f"a lookahead step decodes up to (W + G) * (N - 1) = {rows} tokens but a batch "
                           f"holds {n_batch}; lower W, G or N")
-    if rows + 1 > n_ctx // 2:
+    if whole and rows + 1 > n_ctx // 2:
         raise ConfigError(f"a lookahead step needs {rows + 1} cells beyond the text, more than half the "
                           f"{n_ctx}-token context; lower W, G or N or raise the context size (-c)")
     return n_seq

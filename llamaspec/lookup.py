@@ -1,27 +1,38 @@
-"""Prompt lookup: drafts copied from text the model has already seen.
+"""Prompt lookup: candidates copied from text the model has already seen.
 
-The last n tokens (n from ``ngram_max`` down to ``ngram_min``) are looked up in the prompt,
-in everything generated so far and in reference documents; the tokens that followed the
-match are the draft. Nothing here touches a model.
+The last n tokens (n from ``ngram_max`` down to ``ngram_min``) are looked up in the prompt, in
+everything generated so far and in reference documents; the tokens that followed an occurrence
+are a candidate. When occurrences disagree on what follows, each distinct continuation is a
+candidate (the planner merges them into a trie and verifies what pays). Candidates are ranked
+by how many tokens before the occurrence agree with the text (the most specific context
+first), then by recency. Nothing here touches a model.
+
+Evidence: token i of a candidate whose occurrence agrees with the text on L tokens is in
+bucket ``length_bucket(L + i)``: once its first i tokens are accepted, the copy agrees on L + i.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from bisect import bisect_left
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, DefaultDict, List, Optional, Sequence, Tuple
+from itertools import islice
+from typing import DefaultDict, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .acceptance import accept_greedy
+from .candidates import Budget, Candidate, Outcome, Proposal, length_bucket
 from .config import SamplingConfig
+from .sequences import common_prefix
 
-MATCH_POLICIES = ("longest", "recent", "frequent")
+# Occurrences of one n-gram looked at per step (the most recent), and how far back agreement is counted.
+SCAN = 32
+AGREEMENT = 32
 
 
 class TokenIndex:
-    """Every n-gram (n in [ngram_min, ngram_max]) of an append-only token list, mapped to the
-    positions right after its occurrences, oldest first."""
+    """Every n-gram (n in [ngram_min, ngram_max]) of a token list, mapped to the positions right
+    after its occurrences, oldest first. Follows appends and cuts."""
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
@@ -31,24 +42,38 @@ class TokenIndex:
     def extend(self, new: Sequence[int]) -> None:
         t = self.tokens
         for token in new:
-            t.append(token)
+            t.append(int(token))
             end = len(t)
             for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
                 self._ends[tuple(t[end - n:end])].append(end)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens."""
+        t = self.tokens
+        while len(t) > n:
+            end = len(t)
+            for size in range(self.ngram_min, min(self.ngram_max, end) + 1):
+                ends = self._ends[tuple(t[end - size:end])]
+                ends.pop()
+                if not ends:
+                    del self._ends[tuple(t[end - size:end])]
+            t.pop()
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Index exactly ``tokens``: cut back to the common prefix, then append the rest."""
+        t = self.tokens
+        n = len(t)
+        if len(tokens) < n or (n and (tokens[n - 1] != t[-1] or list(tokens[:n]) != t)):
+            keep = common_prefix(t, tokens)
+            self.truncate(keep)
+            n = keep
+        self.extend(tokens[n:])
 
     def ends(self, ngram: Tuple[int, ...]) -> List[int]:
         return self._ends.get(ngram, [])
 
 
-def appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:
-    """How many tokens ``new`` adds to ``old``, or None when it is not an extension of it."""
-    n = len(old)
-    if len(new) >= n and list(new[:n]) == list(old):
-        return len(new) - n
-    return None
-
-
-def _left_context(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = 64) -> int:
+def _agreement(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = AGREEMENT) -> int:
     """How many tokens before a_end in ``a`` equal those before b_end in ``b``."""
     n = 0
     while n < limit and n < a_end and n < b_end and a[a_end - 1 - n] == b[b_end - 1 - n]:
@@ -56,108 +81,173 @@ def _left_context(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, li
     return n
 
 
+@dataclass
+class Anchor:
+    """Where in a source text (0: the history, 1..: the references) the text is copying from:
+    ``pos`` is where the next token is expected. ``gap``: tokens since the text last agreed with
+    the source there (an insertion or a replacement in progress); ``copied``: tokens the text
+    copied from it since it was set or last realigned."""
+
+    index: int
+    pos: int
+    gap: int = 0
+    copied: int = 0
+
+
+# Evidence buckets of lookup. Token i of an n-gram match that agrees with the text on L tokens:
+# length_bucket(L + i) (0 .. 32). Of the anchor's continuation: once the text has copied at least
+# FRESH_UNTIL tokens from it, IN_STEP + 10 * the token's edit class + (copied + i >= 16); before
+# that (it was just set, moved or realigned after an edit) FRESH + min(copied + i, 5); while the
+# text is still being edited (out of step), OUT_OF_STEP + min(i, 4). Edit classes of a source
+# token, from how the text treated that token id when copying it so far: 0 never copied yet,
+# 1 always kept, 2 edited less than half the time, 3 more often (edits repeat: a file gets the
+# same change on every line).
+IN_STEP = 40
+FRESH = 80
+FRESH_UNTIL = 4
+OUT_OF_STEP = 90
+# How far before and after the anchor a realignment looks.
+BEHIND, AHEAD = 4, 64
+# Agreement that moves the anchor to another occurrence.
+MOVE = 3
+
+
 class PromptLookup:
-    """Finds a continuation for the current history in the history itself and in references.
+    """Finds continuations of the text in the text itself and in reference documents.
 
-    ``policy`` picks among several occurrences of the matched n-gram:
-
-    - ``longest``: the occurrence whose preceding tokens agree longest with the history's
-      (the most specific context), the most recent one on ties;
-    - ``recent``: the most recent occurrence;
-    - ``frequent``: the continuation token seen most often after the n-gram, then the most
-      recent occurrence followed by it.
+    Besides n-gram matches anywhere, it follows one anchor: the place the text is copying from.
+    Editing a file (adding type hints, renaming) copies it with insertions and replacements;
+    after each edit the copy resumes right after where it left off, which an n-gram match of
+    the last tokens alone often misses (``:\n`` occurs everywhere, an inserted ``float`` nowhere).
     """
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 4, policy: str = "longest",
-                 references: Sequence[Sequence[int]] = ()) -> None:
-        if policy not in MATCH_POLICIES:
-            raise ValueError(f"unknown match policy {policy!r}; choose from {', '.join(MATCH_POLICIES)}")
-        self.ngram_min, self.ngram_max, self.policy = ngram_min, ngram_max, policy
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = ()) -> None:
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.history = TokenIndex(ngram_min, ngram_max)
         self.references: List[TokenIndex] = []
         for ref in references:
             index = TokenIndex(ngram_min, ngram_max)
             index.extend(ref)
             self.references.append(index)
+        self.anchor: Optional[Anchor] = None
+        self.edits: Dict[int, Tuple[int, int]] = {}  # source token id -> (times copied, times edited there)
 
-    def reset(self, tokens: Sequence[int]) -> None:
-        """Forget the history and index ``tokens`` instead."""
-        self.history = TokenIndex(self.ngram_min, self.ngram_max)
-        self.history.extend(tokens)
+    def _indexes(self) -> List[TokenIndex]:
+        return [self.history, *self.references]
 
-    def sync(self, tokens: Sequence[int]) -> bool:
-        """Follow ``tokens``: index what was appended, or rebuild (and return True) if it is
-        not an extension of the history."""
-        n_new = appended(self.history.tokens, tokens)
-        if n_new is not None:
-            self.history.extend(tokens[len(tokens) - n_new:])
-            return False
-        self.reset(tokens)
-        return True
+    def _limit(self, i: int) -> int:
+        """How far source i may be copied: the history only up to the text's last token."""
+        return len(self.history.tokens) if i == 0 else len(self.references[i - 1].tokens)
 
-    def find(self, max_len: int) -> Tuple[List[int], int]:
-        """The continuation (up to ``max_len`` tokens) of the best match, and the match length n."""
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Index ``tokens`` as the history and move the anchor along what was appended."""
+        n = len(self.history.tokens)
+        self.history.follow(tokens)
+        if len(self.history.tokens) < n or list(tokens[:n]) != self.history.tokens[:n]:
+            self.anchor = None  # the text was cut: start over
+            return
+        a = self.anchor
+        if a is None:
+            return
+        src = self._indexes()[a.index].tokens
+        for t in tokens[n:]:
+            expected = src[a.pos] if a.pos < len(src) else None
+            if expected is not None and not a.gap:
+                kept, edited = self.edits.get(expected, (0, 0))
+                self.edits[expected] = (kept + (expected == t), edited + (expected != t))
+            if expected == t:
+                a.pos, a.gap, a.copied = a.pos + 1, 0, a.copied + 1
+            else:
+                a.gap += 1
+        if a.gap:
+            self._realign(a)
+
+    def _realign(self, a: Anchor) -> None:
+        """Move the anchor to the nearest place around it where the text's last tokens occur."""
         hist = self.history.tokens
+        index = self._indexes()[a.index]
+        limit = self._limit(a.index)
         for n in range(min(self.ngram_max, len(hist)), self.ngram_min - 1, -1):
-            key = tuple(hist[len(hist) - n:])
-            candidates = [(self.history, e) for e in self.history.ends(key) if e < len(hist)]
-            for ref in self.references:
-                candidates += [(ref, e) for e in ref.ends(key) if e < len(ref.tokens)]
-            if candidates:
-                index, end = self._choose(candidates, hist)
-                return index.tokens[end:end + max_len], n
-        return [], 0
+            ends = index.ends(tuple(hist[len(hist) - n:]))
+            k = bisect_left(ends, a.pos - BEHIND)
+            if k < len(ends) and ends[k] <= a.pos + AHEAD and ends[k] < limit:
+                a.pos, a.gap, a.copied = ends[k], 0, 0  # trust is earned again
+                return
 
-    def _choose(self, candidates: List[Tuple[TokenIndex, int]], hist: List[int]) -> Tuple[TokenIndex, int]:
-        if self.policy == "recent":
-            own = [c for c in candidates if c[0] is self.history]
-            return (own or candidates)[-1]
-        if self.policy == "frequent":
-            votes = Counter(index.tokens[end] for index, end in candidates)
-            best = votes.most_common(1)[0][0]
-            return [c for c in candidates if c[0].tokens[c[1]] == best][-1]
-        scored = [(_left_context(index.tokens, end, hist, len(hist)), i) for i, (index, end) in enumerate(candidates)]
-        return candidates[max(scored)[1]]
+    def find(self, max_len: int, max_candidates: int) -> List[Tuple[List[int], Tuple[int, ...]]]:
+        """Up to ``max_candidates`` distinct continuations of the history (each up to
+        ``max_len`` tokens), best first, each with the evidence bucket of every token."""
+        hist = self.history.tokens
+        end = len(hist)
+        indexes = self._indexes()
+        seen: Dict[Tuple[int, int], None] = {}  # (index, end) of occurrences already scored
+        scored: List[Tuple[int, int, int, int]] = []  # (agreement, recency, index, end)
+        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
+            key = tuple(hist[end - n:])
+            for i, index in enumerate(indexes):
+                limit = self._limit(i)
+                for e in islice(reversed(index.ends(key)), SCAN):
+                    if e >= limit or (i, e) in seen:
+                        continue
+                    seen[(i, e)] = None
+                    scored.append((_agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
+            if len({indexes[i].tokens[e] for _, _, i, e in scored}) >= max_candidates:
+                break
+        scored.sort(key=lambda s: (-s[0], -s[1]))
+        a = self.anchor
+        if scored and scored[0][0] >= MOVE and (a is None or a.gap or scored[0][0] > self._agreement_at(a)):
+            a = self.anchor = Anchor(scored[0][2], scored[0][3])
+        found: List[Tuple[List[int], Tuple[int, ...]]] = []
+        if a is not None and a.pos < self._limit(a.index):
+            cont = indexes[a.index].tokens[a.pos:min(a.pos + max_len, self._limit(a.index))]
+            if a.gap:
+                evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
+            elif a.copied < FRESH_UNTIL:
+                evidence = tuple(FRESH + min(a.copied + i, 5) for i in range(len(cont)))
+            else:
+                evidence = tuple(IN_STEP + 10 * self._edit_class(t) + (a.copied + i >= 16) for i, t in enumerate(cont))
+            found.append((cont, evidence))
+        for agree, _, i, e in scored:
+            if len(found) == max_candidates:
+                break
+            cont = indexes[i].tokens[e:min(e + max_len, self._limit(i))]
+            if cont and not any(k[:len(cont)] == cont for k, _ in found):  # nothing new: a prefix of one kept
+                found.append((cont, tuple(length_bucket(agree + j) for j in range(len(cont)))))
+        return found
+
+    def _edit_class(self, token: int) -> int:
+        kept, edited = self.edits.get(token, (0, 0))
+        if kept + edited == 0:
+            return 0
+        return 1 if edited == 0 else 2 if 2 * edited < kept + edited else 3
+
+    def _agreement_at(self, a: Anchor) -> int:
+        hist = self.history.tokens
+        return _agreement(self._indexes()[a.index].tokens, a.pos, hist, len(hist))
 
 
+class LookupSource:
+    """Prompt lookup as a draft source: the prompt, the output so far and references."""
 
-@dataclass
-class ReplayStats:
-    """What a drafter would have done on a known text (llama-lookup-stats' figures)."""
+    name = "lookup"
+    expensive = False
 
-    n_tokens: int = 0  # tokens emitted
-    n_steps: int = 0  # target decode calls
-    n_drafted: int = 0
-    n_accept: int = 0
-    cost: float = 0.0  # in decodes of one token
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
+                 max_len: int = 31) -> None:
+        self.lookup = PromptLookup(ngram_min, ngram_max, references)
+        self.max_len = max_len
 
-    @property
-    def accept(self) -> float:
-        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
+    def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        self.lookup.follow(tokens)
+        found = self.lookup.find(min(budget.max_len, self.max_len), budget.max_candidates)
+        return Proposal(tuple(Candidate(tuple(cont), self.name, evidence) for cont, evidence in found if cont))
 
-    @property
-    def speedup(self) -> float:
-        """Predicted decode speed over plain decoding (which costs one unit per token)."""
-        return self.n_tokens / self.cost if self.cost else 0.0
+    def learn(self, outcome: Outcome) -> None:
+        pass
 
+    def contexts(self) -> list:
+        return []
 
-def replay(drafter: Any, tokens: Sequence[int], n_prompt: int, cost: Callable[[int], float],
-           max_len: int = 31) -> ReplayStats:
-    """Run ``drafter`` (a model-free Drafter) over ``tokens`` as if the target had generated
-    ``tokens[n_prompt:]`` greedily; charge each step the cost of verifying its batch."""
-    stats = ReplayStats()
-    pos = n_prompt
-    drafter.prefill(tokens[:pos])
-    greedy = SamplingConfig(temperature=0)
-    rng = np.random.default_rng(0)
-    while pos < len(tokens):
-        draft = drafter.propose(tokens[:pos], min(max_len, len(tokens) - pos - 1), greedy, rng).tokens
-        m = accept_greedy(np.asarray(tokens[pos:pos + len(draft)]), np.asarray(draft))
-        pos += m + 1
-        stats.n_tokens += m + 1
-        stats.n_steps += 1
-        stats.n_drafted += len(draft)
-        stats.n_accept += m
-        stats.cost += cost(len(draft) + 1)
-        drafter.accepted(tokens[:pos], len(draft), m)
-    return stats
+    def finish(self, tokens: Sequence[int]) -> None:
+        pass

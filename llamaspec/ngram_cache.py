@@ -25,8 +25,12 @@ from array import array
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
+from .candidates import Budget, Candidate, Outcome, Proposal
+from .config import SamplingConfig
 from .errors import CacheFormatError, ConfigError
-from .lookup import appended
+from .sequences import appended
 
 LLAMA_TOKEN_NULL = -1
 NGRAM_MIN = 1  # llama.cpp's LLAMA_NGRAM_MIN
@@ -368,14 +372,17 @@ class NgramCaches:
         self._finished: List[int] = []  # the tokens already added to the dynamic cache
 
     @classmethod
-    def open(cls, cfg: Any, n_vocab: int) -> "NgramCaches":
-        """Load the caches a LookupConfig names; check their tokens fit the vocabulary."""
+    def open(cls, cfg: Any) -> "NgramCaches":
+        """Load the caches a LookupConfig names."""
         static = NgramCache.load(cfg.cache_static) if cfg.cache_static else NgramCache()
         dynamic_path = Path(cfg.cache_dynamic) if cfg.cache_dynamic else None
         dynamic = NgramCache.load(dynamic_path, missing_ok=True) if dynamic_path else NgramCache()
-        static.validate_vocab(n_vocab)
-        dynamic.validate_vocab(n_vocab)
         return cls(cfg.ngram_min, cfg.ngram_max, static, dynamic, dynamic_path)
+
+    def validate_vocab(self, n_vocab: int) -> None:
+        """CacheFormatError unless every token of both files fits a vocabulary of ``n_vocab``."""
+        self.static.validate_vocab(n_vocab)
+        self.dynamic.validate_vocab(n_vocab)
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Add the n-grams of what was appended to the context cache (rebuild after a rewrite)."""
@@ -400,3 +407,32 @@ class NgramCaches:
         self._finished = list(tokens)
         self.dynamic.save(self.dynamic_path)
 
+
+
+class CacheSource:
+    """llama-lookup's n-gram caches as a draft source: one candidate per step, drafted with
+    llama.cpp's rule. Evidence: bucket = the token's position in the draft (0, 1, 2+)."""
+
+    name = "cache"
+    expensive = False
+
+    def __init__(self, caches: NgramCaches, max_len: int = 31) -> None:
+        self.caches = caches
+        self.max_len = max_len
+
+    def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        self.caches.follow(tokens)
+        draft = self.caches.draft(tokens, min(budget.max_len, self.max_len))
+        if not draft:
+            return Proposal()
+        return Proposal((Candidate(tuple(draft), self.name, tuple(min(i, 2) for i in range(len(draft)))),))
+
+    def learn(self, outcome: Outcome) -> None:
+        pass
+
+    def contexts(self) -> list:
+        return []
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        self.caches.finish(tokens)

@@ -126,7 +126,26 @@ def _top_p(kept: np.ndarray, max_logit: float, z: float, top_p: float) -> np.nda
 
 
 def sample(dist: Distribution, rng: np.random.Generator) -> int:
-    """Draw one token from ``dist`` (inverse CDF; zero-probability tokens are never drawn)."""
+    """Draw one token from ``dist`` with the next number of ``rng``."""
+    return sample_at(dist, rng.random())
+
+
+def sample_at(dist: Distribution, u: float) -> int:
+    """The token at ``u`` in [0, 1) of ``dist``'s inverse CDF (zero-probability tokens never)."""
     cdf = np.cumsum(dist.probs)
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     return int(dist.ids[min(i, len(cdf) - 1)])
+
+
+class Uniforms:
+    """One uniform number per position of the text, a function of (seed, position) alone.
+
+    Every token sampled from the target's p at a position uses that position's number, so what
+    the target samples there does not depend on what was drafted or verified before it: with
+    deterministic candidates (sample-and-match) a seed gives the text plain sampling gives."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, position: int) -> float:
+        return float(np.random.default_rng([self.seed, position]).random())

@@ -3,31 +3,49 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from .engine import Step
+
+
+@dataclass
+class SourceStats:
+    """One draft source: candidate tokens verified, of those accepted, and steps it was verified in."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
 
 
 @dataclass
 class Stats:
     """What happened in one generation.
 
-    ``n_predict`` counts emitted tokens; ``n_drafted`` / ``n_accept`` / ``accept`` mean what
-    llama-speculative-simple prints. Times are wall-clock seconds.
+    ``n_predict`` counts emitted tokens (an end-of-generation token included);
+    ``n_drafted`` / ``n_accept`` / ``accept`` mean what llama-speculative-simple prints:
+    candidate tokens verified, and of those accepted. With several candidates in one step a
+    token proposed by two sources is one verified row; ``sources`` counts it for each.
+    Times are wall-clock seconds.
     """
 
     strategy: str = "plain"
+    seed: Optional[int] = None  # the seed the sampling used (drawn at random when none was given)
     n_prompt: int = 0  # prompt tokens
     n_prompt_eval: int = 0  # of those, evaluated now (the rest were reused from the KV cache)
     t_prompt: float = 0.0
     n_predict: int = 0
     n_drafted: int = 0
     n_accept: int = 0
-    n_target_calls: int = 0  # target llama_decode calls while generating
+    n_target_calls: int = 0  # target llama_decode calls that chose tokens (the prompt's included)
     t_decode: float = 0.0  # generation loop, drafting included
-    t_draft: float = 0.0  # of which, spent proposing drafts
+    t_plan: float = 0.0  # of which, asking the sources and planning (drafting included)
+    t_draft: float = 0.0  # of which, a draft model drafting
     t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
-    drafted_by_pos: List[int] = field(default_factory=list)  # drafts that reached position i
-    accepted_by_pos: List[int] = field(default_factory=list)  # drafts accepted at position i
-    extra: Dict[str, int] = field(default_factory=dict)  # the strategy's own counters (lookahead: pool_size, pool_hits)
+    drafted_by_pos: List[int] = field(default_factory=list)  # steps that verified a token at depth i + 1
+    accepted_by_pos: List[int] = field(default_factory=list)  # steps that accepted one there
+    sources: Dict[str, SourceStats] = field(default_factory=dict)
+    idle: Dict[str, str] = field(default_factory=dict)  # why an expensive source did not run, last time
 
     @property
     def accept(self) -> float:
@@ -53,25 +71,39 @@ class Stats:
 
     @property
     def accept_by_position(self) -> List[float]:
-        """Share of drafts reaching position i that were accepted there."""
+        """Share of steps verifying a token at depth i + 1 that accepted one there."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
 
-    def record_step(self, n_drafted: int, n_accepted: int, n_emitted: int, depth: Optional[int] = None) -> None:
-        """One target call. ``depth``: the longest candidate when several were verified side
-        by side (the by-position counts follow it), else ``n_drafted``."""
+    def record_step(self, step: "Step", kept: Optional[int] = None) -> None:
+        """One target call. ``kept``: how many of its tokens count (fewer when the generation
+        stopped inside the step: an end-of-generation token or a stop string)."""
+        kept = len(step.tokens) if kept is None else kept
+        n_accepted = min(step.n_accepted, kept)
         self.n_target_calls += 1
-        self.n_predict += n_emitted
-        self.n_drafted += n_drafted
+        self.n_predict += kept
+        self.n_drafted += step.n_drafted
         self.n_accept += n_accepted
-        n_drafted = n_drafted if depth is None else depth
-        grow = n_drafted - len(self.drafted_by_pos)
+        self.t_plan += step.t_plan
+        self.t_draft += step.t_draft
+        grow = step.depth - len(self.drafted_by_pos)
         if grow > 0:
             self.drafted_by_pos.extend([0] * grow)
             self.accepted_by_pos.extend([0] * grow)
-        for i in range(n_drafted):
+        for i in range(step.depth):
             self.drafted_by_pos[i] += 1
         for i in range(n_accepted):
             self.accepted_by_pos[i] += 1
+        for name, n in step.drafted.items():
+            s = self.sources.setdefault(name, SourceStats())
+            s.drafted += n
+            s.steps += 1
+        for names in step.path_sources[:n_accepted]:
+            for name in names:
+                self.sources.setdefault(name, SourceStats()).accepted += 1
+        for name, why in step.idle.items():
+            self.idle[name] = why
+        for name in step.drafted:
+            self.idle.pop(name, None)
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
@@ -87,6 +119,6 @@ class Stats:
                 f"{self.tokens_per_call:.2f} tokens/call")
         if self.n_drafted:
             line += f", n_drafted = {self.n_drafted}, n_accept = {self.n_accept}, accept = {self.accept:.1f}%"
-        for key, value in self.extra.items():
-            line += f", {key} = {value}"
+        if self.sources:
+            line += " (" + ", ".join(f"{name} {s.accepted}/{s.drafted}" for name, s in sorted(self.sources.items())) + ")"
         return line

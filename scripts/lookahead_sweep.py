@@ -4,7 +4,7 @@ prompts, greedy, interleaved in one process, speed-up over plain measured in the
     python scripts/lookahead_sweep.py --configs 4,4,4 2,5,2 15,5,15,fixed -n 128 --repeat 2
 
 A configuration is W,N,G with an optional ",fixed" (every step decodes the whole window and
-all G candidates, as llama.cpp's llama-lookahead does; the default sizes steps adaptively).
+all G candidates, as llama.cpp's llama-lookahead does; by default the planner sizes each step).
 """
 
 from __future__ import annotations
@@ -13,15 +13,18 @@ import argparse
 import statistics
 from pathlib import Path
 
-from llamaspec import LlamaSpec, LookaheadConfig, ModelConfig
+from typing import Tuple
+
+from llamaspec import LlamaSpec, LookaheadConfig, ModelConfig, SpecConfig
 
 DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
 
 
-def parse(text: str) -> LookaheadConfig:
+def parse(text: str) -> Tuple[LookaheadConfig, SpecConfig]:
     parts = text.split(",")
     w, n, g = (int(x) for x in parts[:3])
-    return LookaheadConfig(w, n, g, adaptive=parts[3:] != ["fixed"])
+    return LookaheadConfig(w, n, g), SpecConfig(frozenset({"lookahead"}),
+                                                frozenset({"lookahead"}) if parts[3:] == ["fixed"] else frozenset())
 
 
 def main() -> None:
@@ -35,11 +38,10 @@ def main() -> None:
     a = ap.parse_args()
 
     target = ModelConfig(a.model, n_ctx=4096, n_threads=a.threads)
-    specs = {"plain": LlamaSpec(target)}
-    specs.update({c: LlamaSpec(target, lookahead=parse(c)) for c in a.configs})
+    specs = {"plain": LlamaSpec(target, spec=SpecConfig(frozenset()))}
+    specs.update({c: LlamaSpec(target, lookahead=parse(c)[0], spec=parse(c)[1]) for c in a.configs})
     print(f"{a.model}, {a.n} tokens, greedy, {a.threads} threads, {a.repeat} runs each (median)")
-    print(f"{'prompt':20} {'W,N,G':14} {'t/s':>6} {'vs plain':>8} {'tok/call':>8} {'accept':>7} "
-          f"{'pool':>6} {'hits':>5}  output")
+    print(f"{'prompt':20} {'W,N,G':14} {'t/s':>6} {'vs plain':>8} {'tok/call':>8} {'accept':>7}  output")
     for name in a.prompts.split(","):
         prompt = (DATA / f"{name}.txt").read_text(encoding="utf-8")
         runs = {c: [] for c in specs}
@@ -52,8 +54,7 @@ def main() -> None:
             tps = statistics.median(r.stats.decode_tps for r in rs)
             s = rs[0].stats
             same = "same" if rs[0].tokens == runs["plain"][0].tokens else "differs"
-            print(f"{name:20} {c:14} {tps:6.2f} {tps / base:7.2f}x {s.tokens_per_call:8.2f} {s.accept:6.1f}% "
-                  f"{s.extra.get('pool_size', 0):6} {s.extra.get('pool_hits', 0):5}  {same}")
+            print(f"{name:20} {c:14} {tps:6.2f} {tps / base:7.2f}x {s.tokens_per_call:8.2f} {s.accept:6.1f}%  {same}")
 
 
 if __name__ == "__main__":

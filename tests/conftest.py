@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import llamaspec
-from llamaspec import DraftConfig, LlamaSpec, ModelConfig
+from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from llamaspec._llama import Context, Model
 from llamaspec.cli import cli
 
@@ -51,12 +51,12 @@ def model_file():
     return get
 
 
-def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, lookup=None, references=(),
-          lookahead=None, **draft_cfg) -> LlamaSpec:
+def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
+          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), **draft_cfg) -> LlamaSpec:
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
     return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
-                     lookahead=lookahead)
+                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)))
 
 
 @pytest.fixture(scope="session")
@@ -75,22 +75,35 @@ def make_spec(model_file):
 
 @pytest.fixture(scope="session")
 def qwen_plain(make_spec) -> LlamaSpec:
-    return make_spec(QWEN)
+    return make_spec(QWEN, spec="none")
 
 
 @pytest.fixture(scope="session")
 def qwen_pair(make_spec) -> LlamaSpec:
-    return make_spec(QWEN, QWEN_DRAFT, draft_max=8, draft_p_min=0.5)
+    """The draft model verified every step (as llama-speculative-simple does), so that its path runs
+    on a CPU where the planner would leave it idle."""
+    return make_spec(QWEN, QWEN_DRAFT, spec="draft", fixed=("draft",), draft_max=8, draft_p_min=0.5)
+
+
+@pytest.fixture(scope="session")
+def qwen_auto(make_spec) -> LlamaSpec:
+    """What `llamaspec chat` runs: every source, the draft model included."""
+    return make_spec(QWEN, QWEN_DRAFT)
 
 
 @pytest.fixture(scope="session")
 def smol_plain(make_spec) -> LlamaSpec:
-    return make_spec(SMOL)
+    return make_spec(SMOL, spec="none")
 
 
 @pytest.fixture(scope="session")
 def smol_self(make_spec) -> LlamaSpec:
-    return make_spec(SMOL, SMOL, draft_max=6, draft_p_min=0.0)
+    return make_spec(SMOL, SMOL, spec="draft", fixed=("draft",), draft_max=6, draft_p_min=0.0)
+
+
+@pytest.fixture(scope="session")
+def smol_auto(make_spec) -> LlamaSpec:
+    return make_spec(SMOL)
 
 
 class Reference:

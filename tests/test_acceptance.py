@@ -1,16 +1,17 @@
+"""The acceptance rules on token tries: greedy walks, and sampled walks whose emitted tokens are
+distributed exactly as p (chi-square tests that wrong rules fail)."""
+
+import collections
+import itertools
+
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec.acceptance import (
-    accept_greedy,
-    accept_probability,
-    align,
-    residual,
-    verify_greedy,
-    verify_sampled,
-)
+from llamaspec.acceptance import accept_probability, align, residual, walk_greedy, walk_sampled
+from llamaspec.candidates import Candidate
 from llamaspec.sampling import Distribution, sample
+from llamaspec.trie import Trie
 
 N_DRAWS = 20000
 
@@ -28,6 +29,12 @@ def dense(d, n):
     return out
 
 
+def chain(tokens, q=None):
+    """The one-branch trie of a linear draft after pending token 0."""
+    cand = Candidate(tuple(tokens), "test", (0,) * len(tokens), None if q is None else tuple(q))
+    return Trie.build(0, [cand], [len(tokens)])
+
+
 # --- greedy --------------------------------------------------------------------------
 
 
@@ -37,16 +44,27 @@ def dense(d, n):
     ([1, 2, 3, 4], [1, 9, 3], 1),
     ([1, 2, 3, 4], [1, 2, 9], 2),
     ([5], [], 0),
-    ([1, 2], [1, 2], 2),
 ])
-def test_accept_greedy(target, draft, n):
-    assert accept_greedy(np.array(target), np.array(draft, dtype=np.int64)) == n
+def test_greedy_walk_of_a_linear_draft(target, draft, n):
+    trie = chain(draft)
+    path, token = walk_greedy(trie.children, lambda v: target[trie.depth[v]])
+    assert len(path) == n and [trie.token[v] for v in path] == draft[:n]
+    assert token == target[n]  # the correction, or the bonus token after a whole draft
 
 
-def test_verify_greedy():
-    assert verify_greedy(np.array([1, 2, 3, 4]), np.array([1, 2, 3])) == (3, 4)
-    assert verify_greedy(np.array([1, 2, 3, 4]), np.array([1, 7, 3])) == (1, 2)
-    assert verify_greedy(np.array([5]), np.array([], dtype=np.int64)) == (0, 5)
+def test_greedy_walk_takes_the_branch_the_target_takes():
+    cands = [Candidate((5, 9, 9), "a", (0, 0, 0)), Candidate((5, 6, 7), "b", (0, 0, 0)),
+             Candidate((4, 6, 7), "c", (0, 0, 0))]
+    trie = Trie.build(0, cands, [3, 3, 3])
+    target = {(): 5, (5,): 6, (5, 6): 7, (5, 6, 7): 8}
+
+    def argmax(v):
+        return target.get(tuple(trie.token[u] for u in trie.path(v)), 0)
+    path, token = walk_greedy(trie.children, argmax)
+    assert [trie.token[v] for v in path] == [5, 6, 7] and token == 8
+    assert trie.sources(path[0], cands) == ("a", "b")  # the shared first node
+    target[()] = 3  # no branch starts with the target's token
+    assert walk_greedy(trie.children, argmax) == ([], 3)
 
 
 # --- the pieces ----------------------------------------------------------------------
@@ -77,49 +95,47 @@ def test_residual(p, q, r):
     assert np.allclose(residual(np.array(p), np.array(q)), r)
 
 
-def test_p_rows_are_computed_lazily():
+def test_p_is_asked_only_where_the_walk_goes():
     asked = []
+    q = [Distribution.point(1), Distribution.point(2), Distribution.point(3)]
+    trie = chain([1, 2, 3], q)
 
-    def p_row(i):
-        asked.append(i)
-        return Distribution.point(7) if i == 1 else Distribution.point(i)
-
+    def p(v):
+        asked.append(v)
+        return Distribution.point(7) if v == 1 else Distribution.point(trie.depth[v] + 1)
     rng = np.random.default_rng(0)
-    q_rows = [Distribution.point(0), Distribution.point(1), Distribution.point(2)]
-    # p_1 is a point mass on 7, so draft[1] == 1 is rejected and 7 is emitted.
-    assert verify_sampled(p_row, q_rows, [0, 1, 2], rng) == (1, 7)
-    assert asked == [0, 1]
-    asked.clear()
-    p_rows = [Distribution.point(0), Distribution.point(1), Distribution.point(2), Distribution.point(3)]
-    assert verify_sampled(lambda i: asked.append(i) or p_rows[i], q_rows, [0, 1, 2], rng) == (3, 3)
-    assert asked == [0, 1, 2, 3]
+    path, token = walk_sampled(trie.children, trie.q, p, rng)
+    assert (len(path), token) == (1, 7) and asked == [0, 1]  # rejected at node 2, nothing asked past it
 
 
-# --- speculative sampling emits tokens distributed as p --------------------------------
+# --- sampled walks emit tokens distributed as p ----------------------------------------
 
 
-def reject_to_p(p_row, q_rows, draft, rng):
+def reject_to_p(children, q, p, rng):
     """WRONG: the right acceptance test, but a rejection resamples from p, not the residual."""
-    p, q = p_row(0), q_rows[0]
-    if rng.random() < accept_probability(p.prob(draft[0]), q.prob(draft[0])):
-        return 1, sample(p_row(1), rng)
-    return 0, sample(p, rng)
+    (c,) = children[0].values()
+    x = next(iter(children[0]))
+    if rng.random() < accept_probability(p(0).prob(x), q[c].prob(x)):
+        return [c], sample(p(c), rng)
+    return [], sample(p(0), rng)
 
 
-def accept_always(p_row, q_rows, draft, rng):
+def accept_always(children, q, p, rng):
     """WRONG: accept every drafted token."""
-    return len(draft), sample(p_row(len(draft)), rng)
+    (c,) = children[0].values()
+    return [c], sample(p(c), rng)
 
 
-def first_token_counts(p, q, n_vocab, seed, verify=verify_sampled):
+def first_token_counts(p, q, n_vocab, seed, walk=walk_sampled):
     """Counts of the first emitted token over N_DRAWS one-token speculative steps."""
     rng = np.random.default_rng(seed)
     counts = np.zeros(n_vocab, dtype=np.int64)
     bonus = dist(np.ones(n_vocab))
     for _ in range(N_DRAWS):
         x = sample(q, rng)
-        n, token = verify([p, bonus].__getitem__, [q], [x], rng)
-        counts[x if n == 1 else token] += 1
+        trie = chain([x], [q])
+        path, token = walk(trie.children, trie.q, lambda v: p if v == 0 else bonus, rng)
+        counts[x if path else token] += 1
     return counts
 
 
@@ -156,12 +172,12 @@ def test_first_token_is_distributed_as_p(name):
 @pytest.mark.parametrize("name", ["different", "q-mass-where-p-has-none", "q-point-mass-in-p"])
 def test_wrong_rules_fail_the_same_check(wrong, name):
     p, q = (dist(x) for x in PAIRS[name])
-    counts = first_token_counts(p, q, V, seed=1234, verify=wrong)
+    counts = first_token_counts(p, q, V, seed=1234, walk=wrong)
     assert not looks_like(counts, dense(p, V))
 
 
 def test_two_token_draft_joint_distribution():
-    """The first two emitted tokens are distributed as p(x1) p(x2 | x1)."""
+    """The first two emitted tokens of a sampled two-token draft are distributed as p(x1) p(x2 | x1)."""
     n = 4
     p1 = dist([0.1, 0.2, 0.3, 0.4])
     p2 = [dist(r) for r in ([0.7, 0.1, 0.1, 0.1], [0, 0, 0.5, 0.5], [0.25, 0.25, 0.25, 0.25], [0, 1, 0, 0])]
@@ -173,13 +189,47 @@ def test_two_token_draft_joint_distribution():
     for _ in range(N_DRAWS):
         x1 = sample(q1, rng)
         x2 = sample(q2[x1], rng)
-        k, token = verify_sampled([p1, p2[x1], bonus].__getitem__, [q1, q2[x1]], [x1, x2], rng)
-        emitted = [x1, x2][:k] + [token]
-        if len(emitted) == 1:  # rejected at once: the next step drafts one token after it
-            t = emitted[0]
-            y = sample(q2[t], rng)
-            k, token = verify_sampled([p2[t], bonus].__getitem__, [q2[t]], [y], rng)
-            emitted.append(y if k == 1 else token)
+        trie = chain([x1, x2], [q1, q2[x1]])
+        rows = {0: p1, 1: p2[x1], 2: bonus}
+        path, token = walk_sampled(trie.children, trie.q, rows.__getitem__, rng)
+        emitted = [trie.token[v] for v in path] + [token]
+        if len(emitted) == 1:  # rejected at once: the next step samples after it
+            emitted.append(sample(p2[emitted[0]], rng))
         joint[emitted[0], emitted[1]] += 1
     expected = np.outer(dense(p1, n), np.ones(n)) * np.array([dense(r, n) for r in p2])
     assert looks_like(joint.ravel(), expected.ravel())
+
+
+def test_sampled_trie_of_a_draft_and_deterministic_candidates_keeps_p():
+    """A node with a sampled child (x ~ q) and deterministic siblings: the q test first, then
+    a residual sample matched against the siblings. Two emitted tokens ~ p(x1) p(x2 | x1)."""
+    vocab = 4
+    rng = np.random.default_rng(0)
+    p0 = dist([0.5, 0.3, 0.15, 0.05])
+    p1 = {x: dist(rng.dirichlet(np.ones(vocab))) for x in range(vocab)}  # p(second | first)
+    q0 = dist([0.1, 0.6, 0.2, 0.1])
+    bonus = dist(np.ones(vocab))
+    det = [Candidate((0, 1), "lookup", (0, 0)), Candidate((0, 2), "lookup", (0, 0)), Candidate((3, 3), "pool", (0, 0))]
+
+    def run(seed):
+        r = np.random.default_rng(seed)
+        x = sample(q0, r)
+        cands = det + [Candidate((x,), "draft", (0,), (q0,))]
+        trie = Trie.build(0, cands, [2, 2, 2, 1])
+
+        def p(v):
+            if v == 0:
+                return p0
+            return p1[trie.token[v]] if trie.depth[v] == 1 else bonus
+        path, token = walk_sampled(trie.children, trie.q, p, r)
+        emitted = [trie.token[v] for v in path] + [token]
+        if len(emitted) == 1:
+            emitted.append(sample(p1[emitted[0]], r))
+        return tuple(emitted[:2])
+
+    n_runs = 8000
+    counts = collections.Counter(run(seed) for seed in range(n_runs))
+    pairs = list(itertools.product(range(vocab), repeat=2))
+    expected = np.array([p0.prob(a) * p1[a].prob(b) for a, b in pairs])
+    observed = np.array([counts[pair] for pair in pairs])
+    assert looks_like(observed, expected)

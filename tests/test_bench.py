@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import LookupConfig, ModelConfig, costs
+from llamaspec import ModelConfig, SpecConfig, costs
 from llamaspec.api import LlamaSpec
-from llamaspec.bench import REPORT_SHAPE, check_shape, load_suite, validate_report
+from llamaspec.bench import load_suite
+from llamaspec.bench.report import BenchReport, Row, check_shape, shape_of, validate
 from llamaspec.errors import ConfigError
+
+
+def validate_report(report):
+    validate(report, BenchReport)
 
 from conftest import THREADS, assert_one_line_error, run
 
@@ -35,19 +40,21 @@ def test_suite_covers_where_speculation_should_and_should_not_help(smol_plain):
 
 def _row(**changes):
     row = {"prompt": "p", "strategy": "plain", "decode_tps": [1.0], "decode_tps_median": 1.0, "decode_tps_min": 1.0,
-           "decode_tps_max": 1.0, "speedup": 1.0, "accept": 0.0, "tokens_per_call": 1.0, "prompt_tps": 2.0,
-           "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8, "peak_rss_mb": 100.0, "output": "same"}
+           "decode_tps_max": 1.0, "speedup": 1.0, "bound_share": 0.5, "accept": 0.0, "tokens_per_call": 1.0,
+           "prompt_tps": 2.0, "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8,
+           "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same"}
     row.update(changes)
     return row
 
 
 def test_validate_report_names_what_is_wrong():
-    shape = REPORT_SHAPE["rows"][0]
+    shape = shape_of(Row)
     check_shape(_row(), shape)
     check_shape(_row(speedup=2), shape)  # a float field takes an int
     bad = [(_row(output=None), "row.output: expected str"), (_row(n_predict=8.5), "row.n_predict: expected int"),
            (_row(decode_tps=[1.0, "x"]), r"row.decode_tps\[1\]: expected float"),
-           (_row(n_accept=True), "row.n_accept: expected int")]
+           (_row(n_accept=True), "row.n_accept: expected int"),
+           (_row(sources={"lookup": {"drafted": 3}}), "row.sources.lookup: expected the keys")]
     for row, message in bad:
         with pytest.raises(ValueError, match=message):
             check_shape(row, shape, "row")
@@ -65,15 +72,16 @@ def test_bench_end_to_end(smol, tmp_path):
     own = tmp_path / "repeat_list.txt"
     own.write_text("Repeat this list exactly: alpha, beta, gamma, delta, epsilon.")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    strategies = ["plain", "lookup", "lookahead", "draft"]
+    strategies = ["plain", "lookup", "lookahead", "draft", "auto"]
     result = run("bench", "-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "-n", "8", "--draft-max", "4",
                  "--draft-p-min", "0", "--prompts", "open_chat", "-f", str(own), "--repeat", "2",
-                 "--strategies", "lookup,lookahead,draft", "--json", str(out), "--plot", str(png))
+                 "--strategies", "lookup,lookahead,draft,auto", "--json", str(out), "--plot", str(png))
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     validate_report(report)
     assert [s["name"] for s in report["strategies"]] == strategies
     assert [(p["name"], p["n_prompt"] > 10) for p in report["prompts"]] == [("open_chat", True), ("repeat_list", True)]
+    assert all(p["copy_bound"] >= 1.0 for p in report["prompts"])
     assert report["settings"]["n_predict"] == 8 and report["settings"]["repeat"] == 2
     assert report["machine"]["threads"] == THREADS and report["machine"]["backend"] == "cpu"
     rows = {(r["prompt"], r["strategy"]): r for r in report["rows"]}
@@ -84,6 +92,9 @@ def test_bench_end_to_end(smol, tmp_path):
         assert r["n_predict"] == 16 and r["n_target_calls"] >= 2 and r["tokens_per_call"] >= 1
         plain = rows[(prompt, "plain")]
         assert r["speedup"] == pytest.approx(r["decode_tps_median"] / plain["decode_tps_median"])
+        bound = next(p["copy_bound"] for p in report["prompts"] if p["name"] == prompt)
+        assert r["bound_share"] == pytest.approx(r["speedup"] / bound)
+        assert all(s["accepted"] <= s["drafted"] for s in r["sources"].values())
         assert re.fullmatch(r"same|differs from token \d+", r["output"]), r["output"]
         if r["n_drafted"]:
             assert r["accept"] == pytest.approx(100 * r["n_accept"] / r["n_drafted"])
@@ -91,7 +102,8 @@ def test_bench_end_to_end(smol, tmp_path):
                     if line.startswith(f"{prompt} ") and f" {strategy} " in line)
         assert f"{r['speedup']:.2f}x" in line and f"{r['decode_tps_median']:.2f}" in line and r["output"] in line
     assert rows[("open_chat", "plain")]["output"] == "same"  # plain twice: deterministic
-    assert rows[("open_chat", "draft")]["n_drafted"] > 0  # --draft-p-min 0: the draft always proposes
+    assert set(rows[("repeat_list", "auto")]["sources"]) <= {"lookup", "lookahead", "draft"}
+    assert "copy-oracle bound: open_chat " in result.stdout
     assert all(s["load_rss_mb"] > 0 for s in report["strategies"])
     assert "memory added by loading each strategy" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -132,7 +144,7 @@ def test_profile_measures_every_n_and_generation_reuses_it(smol, tmp_path, monke
         raise AssertionError("the cached curve should have been used")
     monkeypatch.setattr(costs, "measure", no_measuring)
     with LlamaSpec(ModelConfig(smol, n_ctx=1024, n_threads=THREADS), cache_dir=tmp_path, progress=False,
-                   lookup=LookupConfig()) as spec:
+                   spec=SpecConfig(frozenset({"lookup"}))) as spec:
         assert spec.generate("Hello", max_tokens=2, temperature=0).stats.n_predict == 2
     assert_one_line_error(run("profile", "-m", smol, "--repeats", "0", "--cache-dir", str(tmp_path)),
                           "repeats must be >= 1")

@@ -14,13 +14,14 @@ import pytest
 from conftest import QWEN, SMOL, assert_one_line_error, chatml, run
 
 
-def test_generate_plain_and_draft_same_greedy_text(smol):
-    plain = run("generate", "-m", smol, "-p", chatml("Say hello."), "-n", "12", "--temp", "0", "-t", "2")
-    spec = run("generate", "-m", smol, "-md", smol, "-p", chatml("Say hello."), "-n", "12", "--temp", "0",
-               "-t", "2", "--draft-max", "4", "--draft-p-min", "0")
-    assert plain.exit_code == 0 and spec.exit_code == 0, plain.stderr + spec.stderr
-    assert plain.stdout.strip() and plain.stdout == spec.stdout
-    assert "plain:" in plain.stderr and "n_drafted" in spec.stderr
+def test_generate_plain_auto_and_draft_same_greedy_text(smol):
+    args = ["generate", "-m", smol, "-p", chatml("Say hello."), "-n", "12", "--temp", "0", "-t", "2"]
+    plain = run(*args, "--spec", "none")
+    auto = run(*args)
+    spec = run(*args, "-md", smol, "--spec", "draft", "--spec-fixed", "draft", "--draft-max", "4")
+    assert plain.exit_code == 0 and auto.exit_code == 0 and spec.exit_code == 0, plain.stderr + spec.stderr
+    assert plain.stdout.strip() and plain.stdout == spec.stdout == auto.stdout
+    assert "plain:" in plain.stderr and "auto:" in auto.stderr and "n_drafted" in spec.stderr
 
 
 def test_generate_json_from_file_and_stdin(smol, tmp_path):
@@ -50,12 +51,12 @@ def test_chat_session_with_commands(smol):
     assert result.exit_code == 0, result.stderr
     assert "conversation cleared" in result.stderr
     assert "stop reason" in result.stderr  # the /stats report
-    assert result.stderr.count("plain:") >= 3  # summaries after both replies + /stats
+    assert result.stderr.count("auto:") >= 3  # summaries after both replies + /stats
 
 
 def test_chat_no_stats(smol):
     result = run("chat", "-m", smol, "-n", "4", "--temp", "0", "--no-stats", input="Hi\n")
-    assert result.exit_code == 0 and "plain:" not in result.stderr
+    assert result.exit_code == 0 and "auto:" not in result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -144,4 +145,4 @@ def test_chat_ctrl_c_stops_the_reply_and_keeps_the_session(smol):
         proc.kill()
     assert proc.returncode == 0, err
     assert "[stopped]" in out
-    assert err.count("plain:") >= 1  # the second reply finished with its summary
+    assert err.count("auto:") >= 1  # the second reply finished with its summary

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import compare
-from llamaspec.compare import PROGRAMS, Side, agreement, find_program, generated_text, parse_summary, validate_report
+from llamaspec.bench import compare
+from llamaspec.bench.compare import (PROGRAMS, CompareReport, Side, agreement, find_program, generated_text,
+                                     parse_summary)
+from llamaspec.bench.report import validate
+
+
+def validate_report(report):
+    validate(report, CompareReport)
 
 from conftest import assert_one_line_error, run
 
@@ -114,12 +120,12 @@ def test_compare_end_to_end(smol, tmp_path):
         assert row["status"] == "ok", row["status"]
         assert theirs["decode_tps"] > 0 and theirs["prompt_tps"] > 0 and theirs["text"]
         assert row["ratio"] == pytest.approx(ours["decode_tps"] / theirs["decode_tps"])
-        # near-ties may legitimately differ (llama-completion evaluates the last prompt token
-        # with the prompt, llamaspec on its own): the verdict is reported, and must be the right one
+        # near-ties may legitimately differ (a verify batch is not one token at a time): the
+        # verdict is reported, and must be the right one
         assert row["text"] == agreement(ours["text"], theirs["text"]) and row["text"] in result.stdout
         assert f"{row['ratio']:.2f}x" in result.stdout
-        if row["strategy"] == "draft":  # --draft-p-min 0: the draft always proposes
-            assert theirs["n_drafted"] > 0 and theirs["accept"] is not None and ours["n_drafted"] > 0
+        if row["strategy"] == "draft":  # --draft-p-min 0: their draft always proposes; ours when it pays
+            assert theirs["n_drafted"] > 0 and theirs["accept"] is not None and ours["n_drafted"] >= 0
         elif row["strategy"] == "lookup":
             assert theirs["n_drafted"] is not None and theirs["n_accept"] is not None
         else:  # llama-completion prints no speculation counters
@@ -146,7 +152,7 @@ def test_compare_reports_missing_and_failing_programs(smol, tmp_path):
 
 
 def test_compare_user_errors(smol):
-    assert_one_line_error(run("compare", "-m", smol, "--strategies", "plain,lookup+draft"), "cannot compare strategy")
+    assert_one_line_error(run("compare", "-m", smol, "--strategies", "plain,auto"), "cannot compare strategy")
     assert_one_line_error(run("compare", "-m", smol, "--strategies", "draft"), "needs a draft model")
     assert_one_line_error(run("compare", "-m", smol, "-p", "x", "-f", "y"), "-p or -f, not both")
     assert_one_line_error(run("compare", "-m", smol, "--prompt-name", "nope"), "unknown prompt 'nope'")

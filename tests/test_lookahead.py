@@ -1,17 +1,15 @@
-"""Lookahead's pure parts: the n-gram pool, the window's batch layout, branch verification."""
+"""Lookahead's pure parts: the n-gram pool, the window's batch layout, the source (no model)."""
 
 from __future__ import annotations
 
-import collections
-import itertools
+import re
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
-from llamaspec import ConfigError, LookaheadConfig
-from llamaspec.acceptance import verify_branches
-from llamaspec.lookahead import NgramPool, Window, check_fits
+from llamaspec import ConfigError, LookaheadConfig, SamplingConfig
+from llamaspec.candidates import Budget, Outcome, length_bucket
+from llamaspec.lookahead import LookaheadSource, NgramPool, Window, check_fits
 
 
 # --- the pool ------------------------------------------------------------------------------
@@ -19,7 +17,7 @@ def test_pool_seeded_from_text_has_every_ngram_keyed_by_its_first_token():
     pool = NgramPool(3)
     pool.add_text([1, 2, 3, 4, 2, 3, 5])
     assert len(pool) == 5  # (1,2,3) (2,3,4) (3,4,2) (4,2,3) (2,3,5)
-    assert sorted(c for c, _ in pool.candidates([], 2, 10)) == [[3, 4], [3, 5]]
+    assert sorted(c for c, _, _ in pool.candidates([], 2, 10)) == [[3, 4], [3, 5]]
     assert pool.candidates([], 9, 10) == []
 
 
@@ -29,8 +27,8 @@ def test_pool_ranks_longest_context_match_then_most_recent():
     pool.add([7, 2], before=[0, 6])
     pool.add([7, 3], before=[9, 9])
     pool.add([7, 4], before=[8, 8])
-    assert pool.candidates([5, 6], 7, 4) == [([1], 2), ([2], 1), ([4], 0), ([3], 0)]
-    assert pool.candidates([0, 6], 7, 2) == [([2], 2), ([1], 1)]
+    assert pool.candidates([5, 6], 7, 4) == [([1], 2, False), ([2], 1, False), ([4], 0, False), ([3], 0, False)]
+    assert pool.candidates([0, 6], 7, 2) == [([2], 2, False), ([1], 1, False)]
 
 
 def test_pool_refreshes_repeated_ngrams_and_evicts_the_oldest():
@@ -39,7 +37,7 @@ def test_pool_refreshes_repeated_ngrams_and_evicts_the_oldest():
     pool.add([1, 11])
     pool.add([1, 10])  # seen again: now the most recent
     pool.add([1, 12])  # evicts 11, the oldest
-    assert [c for c, _ in pool.candidates([], 1, 5)] == [[12], [10]]
+    assert [c for c, _, _ in pool.candidates([], 1, 5)] == [[12], [10]]
     assert len(pool) == 2
 
 
@@ -67,10 +65,10 @@ def test_window_rows_are_a_valid_batch(w, n):
     """Each column's sequence sees, in order, positions 1, 2, ... with no gap (llama.cpp's batch
     rule); level 0 of column i is shared by the columns right of it; logits on the last level."""
     window = Window(w, n, list(range(100, 120)))
-    rows = window.rows(first_seq=1)
+    rows = window.rows()
     assert len(rows) == w * (n - 1) - 1
     for col in range(w):
-        offsets = [off for _, off, seqs, _ in rows if 1 + col in seqs]
+        offsets = [off for _, off, seqs, _ in rows if col in seqs]
         assert offsets == list(range(1, col + n - 1)), (col, offsets)
     with_logits = [(off, seqs) for _, off, seqs, logits in rows if logits]
     assert len(with_logits) == (w if n > 2 else w - 1)  # N = 2: column 0's guess is the pending row's
@@ -104,59 +102,47 @@ def test_config_refuses_bad_values(kwargs, fragment):
 
 
 @pytest.mark.parametrize("config,n_ctx,n_batch,fragment", [
-    (LookaheadConfig(200, 2, 100), 65536, 4096, "sequences; llama.cpp allows at most 256"),
+    (LookaheadConfig(200, 2, 100), 65536, 4096, "sequences (W + G + 1 at least); llama.cpp allows at most 256"),
     (LookaheadConfig(15, 5, 15), 4096, 64, "batch holds 64"),
     (LookaheadConfig(15, 5, 15), 128, 512, "more than half the 128-token context"),
 ])
 def test_parameters_that_cannot_fit_are_refused(config, n_ctx, n_batch, fragment):
-    with pytest.raises(ConfigError, match=fragment):
-        check_fits(config, n_ctx, n_batch)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        check_fits(config, n_ctx, n_batch, whole=True)
 
 
-def test_llamas_own_parameters_fit_the_default_context():
-    assert check_fits(LookaheadConfig(15, 5, 15), 4096, 512) == 31
+def test_llamas_own_parameters_fit_the_default_context_and_a_planned_window_fits_any():
+    assert check_fits(LookaheadConfig(15, 5, 15), 4096, 512, whole=True) == 31
+    assert check_fits(LookaheadConfig(), 32, 512) == 1 + 8 + 4  # the planner sizes each step to what fits
 
 
-# --- verification of several branches --------------------------------------------------------
-def test_verify_branches_greedy_takes_the_longest_agreeing_branch():
-    # the target's argmax: row 0 -> 5; the rows after 5 (1 and 4) -> 6; after 5, 6 -> 7; then 8
-    branches = [[5, 9, 9], [5, 6, 7], [4, 6, 7]]
-    rows = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    target = {0: 5, 1: 6, 2: 0, 4: 6, 5: 7, 6: 8, 7: 0, 8: 0, 9: 0}
-    assert verify_branches(target.__getitem__, branches, rows) == (1, 3, 8)
-    target[0] = 3  # no branch starts with the target's token
-    assert verify_branches(target.__getitem__, branches, rows) == (0, 0, 3)
-    assert verify_branches(lambda r: 3, [], []) == (0, 0, 3)
+# --- the source ---------------------------------------------------------------------------
+def test_source_proposes_pool_ngrams_of_the_pending_token_and_the_window_as_a_rider():
+    source = LookaheadSource(LookaheadConfig(w=3, n=4, g=2))
+    text = [1, 2, 3, 4, 9, 9, 1, 2]
+    proposal = source.propose(text, Budget(max_len=8), SamplingConfig(temperature=0), None)
+    assert [c.tokens for c in proposal.candidates] == [(3, 4, 9)]  # after "1 2": the pool's n-gram
+    assert proposal.candidates[0].evidence[0] == length_bucket(2)  # "1" before it matches too
+    assert proposal.rider is not None and proposal.rider.n_seqs == 3 and len(proposal.rider.rows) == 3 * 3 - 1
 
 
-def test_verify_branches_sampled_keeps_the_target_distribution():
-    """Two emitted tokens, sampled through branches, are distributed as the target's own p."""
-    vocab = 4
-    rng = np.random.default_rng(0)
-    p0 = np.array([0.5, 0.3, 0.15, 0.05])
-    p1 = {x: rng.dirichlet(np.ones(vocab)) for x in range(vocab)}  # p(second | first)
-    branches = [[0, 1], [0, 2], [1, 3], [3, 3]]
-    rows = [[1, 2], [3, 4], [5, 6], [7, 8]]
-    first_of_row = {1: 0, 3: 0, 5: 1, 7: 3}
+def test_window_ngrams_enter_the_pool_marked_as_the_window_s():
+    source = LookaheadSource(LookaheadConfig(w=2, n=3, g=4))
+    text = [5, 6, 7, 8]
+    source.propose(text, Budget(max_len=8), SamplingConfig(temperature=0), None)
+    source.window.levels = np.array([[8, 30], [40, 41]])
+    out = Outcome(text + [50], (), (), (50,), rider_tokens=(60, 61))
+    source.learn(out)
+    grams = source.pool.candidates([], 8, 9)  # column 0: pending 8, level 1 guess 40, new guess 60
+    assert ([40, 60], 0, True) in grams
 
-    def run(seed):
-        r = np.random.default_rng(seed)
-        dist = {0: p0, **{row: p1[x] for row, x in first_of_row.items()}}
 
-        def choose(row):
-            if row not in dist:  # after two tokens: any token, not counted
-                return 0
-            return int(r.choice(vocab, p=dist[row]))
-        b, n, token = verify_branches(choose, branches, rows)
-        emitted = branches[b][:n] + [token]
-        if n == 0:  # the second token would come from the next plain step: sample it there
-            emitted.append(int(r.choice(vocab, p=p1[token])))
-        return tuple(emitted[:2])
-
-    n_runs = 6000
-    counts = collections.Counter(run(seed) for seed in range(n_runs))
-    pairs = list(itertools.product(range(vocab), repeat=2))
-    expected = np.array([p0[a] * p1[a][b] for a, b in pairs]) * n_runs
-    observed = np.array([counts[pair] for pair in pairs])
-    keep = expected > 5
-    assert chisquare(observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()).pvalue > 1e-3
+def test_source_after_a_cut_adds_only_the_new_text():
+    source = LookaheadSource(LookaheadConfig())
+    added = []
+    original = source.pool.add_text
+    source.pool.add_text = lambda tokens, start=0: (added.append(start), original(tokens, start))
+    budget = Budget(max_len=8)
+    source.propose(list(range(50)), budget, SamplingConfig(temperature=0), None)
+    source.propose(list(range(40)) + [7, 7], budget, SamplingConfig(temperature=0), None)  # cut at 40, then 2 new
+    assert added == [0, 40]  # not the whole text again

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from llamaspec import ConfigError, LlamaSpec, LookaheadConfig, ModelConfig, SamplingConfig, Stats
+from llamaspec import ConfigError, LlamaSpec, LookaheadConfig, ModelConfig, SamplingConfig, SpecConfig, Stats
 from llamaspec.cli import cli
 
 from conftest import PROMPTS, QWEN, SMOL, THREADS
@@ -20,17 +20,17 @@ DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
 CODE_EDIT = (DATA / "baseline_type_hints.txt").read_text()
 OPEN_CHAT = (DATA / "open_chat.txt").read_text()
 # every step carries the window and all candidates, so the multi-sequence path always runs
-FIXED = LookaheadConfig(w=4, n=4, g=3, adaptive=False)
+FIXED = LookaheadConfig(w=4, n=4, g=3)
 
 
 @pytest.fixture(scope="module")
 def smol_fixed(make_spec):
-    return make_spec(SMOL, lookahead=FIXED)
+    return make_spec(SMOL, spec="lookahead", fixed=("lookahead",), lookahead=FIXED)
 
 
 @pytest.fixture(scope="module")
 def qwen_lookahead(make_spec):
-    return make_spec(QWEN, lookahead=LookaheadConfig())
+    return make_spec(QWEN, spec="lookahead")
 
 
 def assert_only_sequence_zero(spec):
@@ -46,7 +46,8 @@ def assert_only_sequence_zero(spec):
 
 def check_stats(stats: Stats, n_tokens: int):
     check_step_stats(stats, n_tokens)
-    assert stats.extra["pool_size"] > 0 and 0 <= stats.extra["pool_hits"] <= stats.n_target_calls
+    src = stats.sources.get("lookahead")
+    assert src is None or (src.accepted <= src.drafted and src.steps <= stats.n_target_calls)
 
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
@@ -74,31 +75,28 @@ def test_qwen_lookahead_greedy_equals_plain(qwen_plain, qwen_lookahead, referenc
 def test_qwen_fixed_window_on_the_code_edit(make_spec, qwen_plain, reference):
     """The whole window and candidates every step, on the real target: same greedy text, and the
     prompt-seeded pool gets candidates accepted from the start."""
-    spec = make_spec(QWEN, lookahead=LookaheadConfig(w=3, n=4, g=2, adaptive=False))
+    spec = make_spec(QWEN, spec="lookahead", fixed=("lookahead",), lookahead=LookaheadConfig(w=3, n=4, g=2))
     n = 48
     plain = qwen_plain.generate(CODE_EDIT, max_tokens=n, temperature=0)
     result = spec.generate(CODE_EDIT, max_tokens=n, temperature=0)
     argmax, gap = reference(QWEN).top2(spec.tokenize(CODE_EDIT), result.tokens)
     differ = [i for i, (a, b) in enumerate(zip(argmax, result.tokens)) if a != b]
     assert all(gap[i] < 0.5 for i in differ), differ
-    assert result.stats.n_accept > 10 and result.stats.extra["pool_hits"] > 5, result.stats.summary()
+    assert result.stats.n_accept > 10 and result.stats.sources["lookahead"].accepted > 10, result.stats.summary()
     print(f"qwen fixed (3,4,2): {len(result.tokens)} tokens, identical to plain: {result.tokens == plain.tokens}")
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_kv_invariant_after_every_step(smol_fixed, temperature):
+    """Every step carries the window's 4 sequences and the candidates' branches; after each
+    only sequence 0 holds cells."""
     stats = Stats()
     engine = smol_fixed.engine
-    engine.prefill(smol_fixed.tokenize(PROMPTS[2]), stats)
-    assert_only_sequence_zero(smol_fixed)
-    steps = 0
-    for new, from_draft in engine.steps(SamplingConfig(temperature=temperature, seed=5),
-                                        np.random.default_rng(5), 48, stats):
-        assert from_draft == len(new) - 1
+    engine.prefill(smol_fixed.tokenize(PROMPTS[2]))
+    for step in engine.steps(SamplingConfig(temperature=temperature, seed=5), np.random.default_rng(5), 48):
+        stats.record_step(step)
         assert_only_sequence_zero(smol_fixed)
-        steps += 1
-    assert stats.n_target_calls == steps and stats.n_predict == 48
-    assert stats.n_drafted > 0
+    assert stats.n_predict == 48 and stats.n_drafted > 0
 
 
 def test_abandoned_stream_leaves_only_sequence_zero(smol_fixed):
@@ -119,19 +117,20 @@ def test_sampling_runs_and_is_reproducible(smol_fixed):
 def test_pool_is_seeded_from_the_prompt_and_references(make_spec):
     prompt = "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog<|im_end|>\n<|im_start|>assistant\n"
     reference = "zebra crossing tomorrow morning at nine"
-    spec = make_spec(SMOL, lookahead=LookaheadConfig(w=1, n=4, g=2), references=[reference])
-    drafter = spec.engine.drafter
+    spec = make_spec(SMOL, spec="lookahead", lookahead=LookaheadConfig(w=1, n=4, g=2), references=[reference])
+    (source,) = spec.engine.speculator.sources
     ref = spec.model.tokenize(reference, add_special=False, parse_special=False)
-    assert [ref[1:4]] == [c for c, _ in drafter.pool.candidates([], ref[0], 1)]
-    spec.generate(prompt, max_tokens=1, temperature=0)
+    assert [ref[1:4]] == [c for c, _, _ in source.pool.candidates([], ref[0], 1)]
+    spec.generate(prompt, max_tokens=2, temperature=0)
     fox = spec.model.tokenize(" quick brown fox jumps", add_special=False, parse_special=False)
-    assert fox[1:] in [c for c, _ in drafter.pool.candidates([], fox[0], 16)]
+    assert fox[1:] in [c for c, _, _ in source.pool.candidates([], fox[0], 16)]
 
 
 def test_parameters_that_cannot_fit_are_refused_before_loading(tmp_path):
     missing = str(tmp_path / "not-loaded.gguf")  # never opened: the check comes first
+    fixed = SpecConfig(frozenset({"lookahead"}), frozenset({"lookahead"}))
     with pytest.raises(ConfigError, match="more than half"):
-        LlamaSpec(ModelConfig(missing, n_ctx=64), lookahead=LookaheadConfig(15, 5, 15), progress=False)
+        LlamaSpec(ModelConfig(missing, n_ctx=64), lookahead=LookaheadConfig(15, 5, 15), spec=fixed, progress=False)
     with pytest.raises(ConfigError, match="llama.cpp allows at most"):
         LlamaSpec(ModelConfig(missing, n_ctx=65536, n_batch=4096), lookahead=LookaheadConfig(250, 2, 10),
                   progress=False)
@@ -145,9 +144,9 @@ def test_cli_lookahead(model_file):
     out = runner.invoke(cli, args + ["--lookahead", "--lookahead-w", "3", "--lookahead-n", "3",
                                      "--lookahead-g", "2", "--lookahead-fixed"])
     assert plain.exit_code == 0 and out.exit_code == 0, out.output
-    assert "lookahead: 24 tokens" in out.stderr and "pool_size = " in out.stderr
+    assert "lookahead: 24 tokens" in out.stderr and "(lookahead " in out.stderr
     bad = runner.invoke(cli, args + ["--lookahead", "--lookahead-n", "1"])
     assert bad.exit_code != 0 and bad.stderr.strip() == "error: lookahead N must be >= 2, got 1"
-    too_big = runner.invoke(cli, args + ["--lookahead", "-c", "64", "--lookahead-w", "15"])
+    too_big = runner.invoke(cli, args + ["--lookahead", "-c", "64", "--lookahead-w", "15", "--lookahead-fixed"])
     assert too_big.exit_code != 0 and len(too_big.stderr.strip().splitlines()) == 1
     assert "raise the context size" in too_big.stderr

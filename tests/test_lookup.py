@@ -1,145 +1,100 @@
-"""Prompt lookup, draft length and replay on plain token lists (no model)."""
+"""Prompt lookup and its anchor, the n-gram cache source (no model)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+from llamaspec import LookupConfig, SamplingConfig
+from llamaspec.candidates import Budget, length_bucket
+from llamaspec.lookup import FRESH, IN_STEP, OUT_OF_STEP, LookupSource, PromptLookup, TokenIndex
+from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
 
-from llamaspec.costs import CostCurve
-from llamaspec.draft_length import DraftLength
-from llamaspec.drafters import ChainDrafter, LookupDrafter, NoDrafter
-from llamaspec.lookup import PromptLookup, TokenIndex, replay
-from llamaspec.ngram_cache import NgramCache, NgramCaches
-
-# BASELINE.md's measured cost of verifying n tokens on the 2-core reference machine
-CPU = CostCurve(list(np.interp(np.arange(1, 33), [1, 2, 4, 8, 12, 16, 20, 24, 32],
-                               [1.00, 1.59, 2.63, 4.54, 5.51, 5.20, 6.98, 7.71, 8.91])), 25.0, 2, "cpu")
+GREEDY = SamplingConfig(temperature=0)
 
 
-def test_token_index_maps_ngrams_to_following_positions():
+def test_token_index_maps_ngrams_to_following_positions_and_follows_cuts():
     idx = TokenIndex(1, 2)
     idx.extend([1, 2, 3])
     idx.extend([1, 2])
-    assert idx.ends((1, 2)) == [2, 5]
-    assert idx.ends((2,)) == [2, 5]
-    assert idx.ends((3, 1)) == [4]
+    assert idx.ends((1, 2)) == [2, 5] and idx.ends((2,)) == [2, 5] and idx.ends((3, 1)) == [4]
     assert idx.ends((9,)) == []
+    idx.follow([1, 2, 3, 7])  # cut back to [1, 2, 3], then 7
+    fresh = TokenIndex(1, 2)
+    fresh.extend([1, 2, 3, 7])
+    assert idx.tokens == fresh.tokens and dict(idx._ends) == dict(fresh._ends)
 
 
-def test_finds_continuation_of_longest_ngram():
+def test_finds_the_continuations_of_the_longest_match_first():
     lookup = PromptLookup(1, 3)
-    lookup.sync([5, 6, 7, 8, 9, 1, 6, 7])
-    draft, n = lookup.find(3)
-    assert (draft, n) == ([8, 9, 1], 2)
-    assert lookup.find(1) == ([8], 2)
+    lookup.follow([5, 6, 7, 8, 9, 1, 6, 7])
+    found = lookup.find(3, 4)
+    assert found[0][0] == [8, 9, 1]
+    assert found[0][1][0] == length_bucket(2)  # "6 7" agrees: two tokens
+    assert PromptLookup(2, 4).find(5, 4) == []
 
 
-def test_no_match_is_an_empty_proposal():
-    lookup = PromptLookup(2, 4)
-    lookup.sync([1, 2, 3, 4])
-    assert lookup.find(5) == ([], 0)
-
-
-@pytest.mark.parametrize("policy, expected", [("recent", [11]), ("longest", [33]), ("frequent", [11])])
-def test_match_policies(policy, expected):
-    # "9" is followed by 11 twice (after "7 9") and by 22 and 33 once each (after "8 9");
-    # the history ends in "8 9", so the occurrences after "8 9" share more context.
-    h = [1, 7, 9, 11, 0, 2, 8, 9, 22, 0, 3, 8, 9, 33, 0, 4, 7, 9, 11, 0, 5, 8, 9]
-    lookup = PromptLookup(1, 1, policy)
-    lookup.sync(h)
-    assert lookup.find(1)[0] == expected
-
-
-def test_longest_policy_prefers_the_more_specific_context():
-    # "a b c" is followed by 1 in an old place, "x b c" by 2 more recently; history ends "a b c"
-    h = [10, 11, 12, 1, 50, 20, 11, 12, 2, 51, 10, 11, 12]
-    longest, recent = PromptLookup(1, 2, "longest"), PromptLookup(1, 2, "recent")
-    longest.sync(h)
-    recent.sync(h)
-    assert longest.find(1)[0] == [1]
-    assert recent.find(1)[0] == [2]
+def test_occurrences_that_disagree_are_separate_candidates_best_context_first():
+    # "9" is followed by 11 (after "7 9") and by 22 and 33 (after "8 9"); the text ends "8 9"
+    lookup = PromptLookup(1, 2)
+    lookup.follow([1, 7, 9, 11, 0, 2, 8, 9, 22, 0, 3, 8, 9, 33, 0, 4, 7, 9, 11, 0, 5, 8, 9])
+    firsts = [cont[0] for cont, _ in lookup.find(1, 4)]
+    assert set(firsts[:2]) == {22, 33} and 11 in firsts
 
 
 def test_references_are_searched_but_not_joined_to_the_history():
     lookup = PromptLookup(2, 2, references=[[40, 41, 42, 43]])
-    lookup.sync([1, 2, 40, 41])
-    assert lookup.find(2) == ([42, 43], 2)
+    lookup.follow([1, 2, 40, 41])
+    assert lookup.find(2, 4)[0][0] == [42, 43]
+    assert lookup.history.tokens == [1, 2, 40, 41]
 
 
-def test_sync_follows_appends_and_rebuilds_on_rewrite():
-    lookup = PromptLookup(1, 2)
-    lookup.sync([1, 2, 3])
-    lookup.sync([1, 2, 3, 1])
-    assert lookup.find(2)[0] == [2, 3]
-    lookup.sync([7, 8, 7])
-    assert lookup.history.tokens == [7, 8, 7] and lookup.find(1)[0] == [8]
+def test_the_anchor_resumes_the_copy_after_an_edit():
+    """Copying 10..29 with 99 98 inserted after 15: the copy resumes at 16, which no n-gram of
+    the text's last tokens (99 98) finds."""
+    source = list(range(10, 30))
+    lookup = PromptLookup(1, 4, references=[source])
+    text = [1, 10, 11, 12, 13, 14, 15]
+    lookup.follow(text)
+    first = lookup.find(8, 4)[0]
+    assert first[0][:3] == [16, 17, 18] and first[1][0] == FRESH + 0  # just set: not trusted yet
+    text += [16, 17, 18, 19]
+    lookup.follow(text)
+    cont, evidence = lookup.find(8, 4)[0]
+    assert cont[0] == 20 and evidence[0] >= IN_STEP and evidence[0] < FRESH  # in step: copied 4
+    text += [99, 98]  # the edit
+    lookup.follow(text)
+    cont, evidence = lookup.find(8, 4)[0]
+    assert cont[0] == 20 and evidence[0] == OUT_OF_STEP  # still offered, as out of step
+    text += [20]  # the copy resumes
+    lookup.follow(text)
+    assert lookup.find(8, 4)[0][0][:2] == [21, 22]
 
 
-def test_draft_length_follows_the_cost_curve_and_the_evidence():
-    flat = DraftLength(CostCurve.flat())
-    assert flat.choose(10, 3) == 10  # verification is free: verify everything
-    cpu = DraftLength(CPU, priors={})
-    assert cpu.choose(10, 3) == 0  # neutral prior 0.5: nothing pays on a CPU
-    for _ in range(10):
-        cpu.record(4, 15, 13)  # long drafts mostly accepted after 4-token matches
-    assert 0.9 < cpu.acceptance(4) < 0.95
-    assert cpu.choose(31, 4) == 15  # the cheap 16-token batch
-    assert cpu.choose(31, 1) == 0  # other match lengths keep their own evidence
-    for _ in range(40):
-        cpu.record(4, 15, 0)
-    assert cpu.choose(31, 4) == 0
+def test_edit_classes_learn_where_the_text_departs_from_its_source():
+    source = [5, 1, 2, 3, 5, 4, 6, 7, 5, 8, 9]  # token 5 ends each "line"
+    lookup = PromptLookup(1, 4, references=[source])
+    text = [0, 5, 1, 2, 3, 77, 4, 6, 7, 77, 8, 9]  # every 5 after the first became 77
+    for i in range(4, len(text) + 1):
+        lookup.follow(text[:i])
+        lookup.find(8, 4)
+    assert lookup._edit_class(5) == 3 and lookup._edit_class(6) == 1 and lookup._edit_class(2) == 0
 
 
-def test_default_priors_trust_long_matches_only():
-    d = DraftLength(CPU)
-    assert d.choose(31, 4) > 8  # a 4-token match: start copying at once
-    assert d.choose(31, 1) == 0  # a 1-token match: wait for evidence
-
-
-def test_draft_length_evidence_decays_back_towards_the_prior():
-    d = DraftLength(CPU, priors={}, decay=0.5)
-    d.record(2, 10, 0)
-    low = d.acceptance(2)
-    for _ in range(10):
-        d.record(3, 0, 0)
-    assert low < d.acceptance(2) < 0.51
-
-
-def test_replay_counts_and_cost():
-    tokens = [1, 2, 3, 4, 5, 6, 7, 8] * 8
-    drafter = LookupDrafter(PromptLookup(2, 4), DraftLength(CostCurve.flat()), 31)
-    stats = replay(drafter, tokens, 8, CostCurve.flat().cost)
-    assert stats.n_tokens == len(tokens) - 8
-    assert stats.n_accept <= stats.n_drafted and stats.n_accept == stats.n_tokens - stats.n_steps
-    assert stats.speedup == stats.n_tokens / stats.n_steps > 5  # periodic text: long drafts accepted
-    plain = replay(NoDrafter(), tokens, 8, CPU.cost)
-    assert plain.speedup == 1.0 and plain.n_drafted == 0
-
-
-def test_lookup_drafter_learns_from_undrafted_candidates():
-    """When it stops drafting, the first candidate token still shows whether drafting would pay."""
-    d = LookupDrafter(PromptLookup(1, 4), DraftLength(CPU), 31)
-    tokens = list(range(100, 140)) * 4  # pure repetition: every candidate is right
-    stats = replay(d, tokens, 40, CPU.cost)
-    assert stats.n_drafted > 0 and stats.speedup > 1.5
-
-
-def test_chain_tries_drafters_in_order():
-    lookup = LookupDrafter(PromptLookup(1, 2), DraftLength(CostCurve.flat()), 8)
-    chain = ChainDrafter(lookup, NoDrafter())
-    assert chain.name == "lookup+plain"
-    stats = replay(chain, [1, 2, 3, 1, 2, 3, 1, 2, 3], 3, CostCurve.flat().cost)
-    assert stats.n_accept > 0
+def test_lookup_source_proposes_up_to_the_budget():
+    source = LookupSource(1, 4, max_len=5)
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    proposal = source.propose(tokens, Budget(max_len=3, max_candidates=2), GREEDY, None)
+    assert proposal.candidates[0].tokens == (3, 4, 5) and proposal.candidates[0].source == "lookup"
+    assert len(proposal.candidates) <= 2 and all(len(c.evidence) == len(c.tokens) for c in proposal.candidates)
+    assert source.propose([1, 2], Budget(max_len=3), GREEDY, None).candidates == ()
 
 
 def test_ngram_caches_follow_draft_and_persist(tmp_path):
-    from llamaspec.config import LookupConfig
     path = tmp_path / "dynamic.bin"
-    caches = NgramCaches.open(LookupConfig(cache_dynamic=str(path)), n_vocab=100)
-    caches.follow([1, 2, 3, 4, 1, 2, 3])
-    assert caches.draft([1, 2, 3, 4, 1, 2, 3], 2)  # context cache: 2 3 -> 4
-    caches.finish([1, 2, 3, 4, 1, 2, 3])
-    saved = NgramCache.load(path)
-    assert saved.get((2, 3)) == {4: 1}
-    caches.finish([1, 2, 3, 4, 1, 2, 3, 4])  # only the new n-grams are added
+    caches = NgramCaches.open(LookupConfig(cache_dynamic=str(path)))
+    caches.validate_vocab(100)
+    source = CacheSource(caches)
+    proposal = source.propose([1, 2, 3, 4, 1, 2, 3], Budget(max_len=2), GREEDY, None)
+    assert proposal.candidates[0].tokens[0] == 4 and proposal.candidates[0].source == "cache"
+    source.finish([1, 2, 3, 4, 1, 2, 3])
+    assert NgramCache.load(path).get((2, 3)) == {4: 1}
+    source.finish([1, 2, 3, 4, 1, 2, 3, 4])  # only the new n-grams are added
     assert NgramCache.load(path).get((2, 3)) == {4: 2}

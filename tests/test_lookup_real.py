@@ -25,7 +25,7 @@ OPEN_CHAT = (DATA / "open_chat.txt").read_text()
 
 @pytest.fixture(scope="module")
 def qwen_lookup(make_spec):
-    return make_spec(QWEN, lookup=LookupConfig())
+    return make_spec(QWEN, spec="lookup")
 
 
 def check_stats(stats: Stats, n_tokens: int):
@@ -52,32 +52,35 @@ def test_code_edit_is_mostly_copied(qwen_lookup):
 
 
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
-    stats = Stats()
     engine = qwen_lookup.engine
-    engine.prefill(qwen_lookup.tokenize(CODE_EDIT), stats)
-    for _ in engine.steps(SamplingConfig(temperature=0.7, seed=3), np.random.default_rng(3), 40, stats):
+    engine.prefill(qwen_lookup.tokenize(CODE_EDIT))
+    stats = Stats()
+    for step in engine.steps(SamplingConfig(temperature=0.7, seed=3), np.random.default_rng(3), 40):
+        stats.record_step(step)
         assert_kv_invariant(qwen_lookup)
     check_stats(stats, 40)
 
 
-def test_reference_documents_are_copied(make_spec, smol_plain):
+def test_reference_documents_are_copied(make_spec, smol_plain, reference):
     """A reference the prompt does not contain (here: an earlier answer) is copied from."""
     prompt = chatml("Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    smol_plain.reset()
     earlier = smol_plain.generate(prompt, max_tokens=64, temperature=0)
-    without = make_spec(SMOL, lookup=LookupConfig()).generate(prompt, max_tokens=64, temperature=0)
-    spec = make_spec(SMOL, lookup=LookupConfig(), references=[earlier.text])
+    without = make_spec(SMOL, spec="lookup").generate(prompt, max_tokens=64, temperature=0)
+    spec = make_spec(SMOL, spec="lookup", references=[earlier.text])
     with_ref = spec.generate(prompt, max_tokens=64, temperature=0)
-    assert with_ref.tokens == earlier.tokens == without.tokens
+    for result in (with_ref, without):
+        check_greedy(reference(SMOL), spec.tokenize(prompt), earlier.tokens, result.tokens, "smollm2 lookup", n=64)
     assert with_ref.stats.n_accept >= 32 > without.stats.n_accept, (with_ref.stats.summary(),
                                                                    without.stats.summary())
 
 
 def test_dynamic_cache_is_written_and_reused(make_spec, tmp_path):
     path = tmp_path / "dynamic.bin"
-    spec = make_spec(SMOL, lookup=LookupConfig(cache_dynamic=str(path)))
+    spec = make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_dynamic=str(path)))
     first = spec.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
     assert path.is_file() and len(NgramCache.load(path)) > 0
-    again = make_spec(SMOL, lookup=LookupConfig(cache_dynamic=str(path)))
+    again = make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_dynamic=str(path)))
     second = again.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
     assert second.tokens == first.tokens
 
@@ -86,12 +89,12 @@ def test_bad_cache_files(make_spec, tmp_path, model_file):
     text = tmp_path / "notes.txt"
     text.write_text("not a cache at all\n")
     with pytest.raises(CacheFormatError):
-        make_spec(SMOL, lookup=LookupConfig(cache_static=str(text)))
+        make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_static=str(text)))
     big = NgramCache({(200000,): {1: 1}})
     other_vocab = tmp_path / "other.bin"
     big.save(other_vocab)
     with pytest.raises(CacheFormatError, match="vocabulary"):
-        make_spec(SMOL, lookup=LookupConfig(cache_static=str(other_vocab)))
+        make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_static=str(other_vocab)))
     with pytest.raises(ConfigError):
         LookupConfig(ngram_min=3, ngram_max=2)
 
@@ -155,14 +158,15 @@ def test_static_cache_equals_llama_lookup_create(model_file, tmp_path):
     assert resaved.read_bytes() == (Path(__file__).parent / "data" / "lookup_create_smollm2.bin").read_bytes()
 
 
-def test_lookup_with_draft_model_tries_lookup_first(make_spec, smol_plain):
-    spec = make_spec(SMOL, SMOL, lookup=LookupConfig(), draft_max=4, draft_p_min=0.0)
-    assert spec.engine.drafter.name == "lookup+draft"
+def test_lookup_and_a_draft_model_are_verified_in_one_trie(make_spec, smol_plain, reference):
+    """Both sources every step, their candidates merged: no source waits for another to fail."""
+    spec = make_spec(SMOL, SMOL, spec="lookup,draft", fixed=("draft",), draft_max=4, draft_p_min=0.0)
     prompt = chatml("Fix the spelling and repeat: 'The quik brown fox jumps over the lazy dog. "
                     "The quik brown fox jumps over the lazy dog.'")
     plain = smol_plain.generate(prompt, max_tokens=48, temperature=0)
     both = spec.generate(prompt, max_tokens=48, temperature=0)
-    assert both.tokens == plain.tokens
-    check_stats(both.stats, len(both.tokens) + (both.stop_reason == "stop"))
+    check_greedy(reference(SMOL), spec.tokenize(prompt), plain.tokens, both.tokens, "smollm2 lookup+draft", n=48)
+    sources = both.stats.sources
+    assert sources["draft"].drafted > 0 and sources["lookup"].drafted > 0
     assert both.stats.n_accept > 0
     assert_kv_invariant(spec)

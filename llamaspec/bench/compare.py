@@ -9,20 +9,8 @@ Programs are looked for in ``bin_dir`` when given, else on PATH, then where
 scripts/build_llama_cpp.sh puts them by default. A missing program, a failure or a timeout
 is reported in its row; the other rows still run.
 
-The JSON report (``CompareReport.to_dict()``, ``llamaspec compare --json FILE``) has the
-shape ``REPORT_SHAPE`` and ``validate_report`` checks it::
-
-    {"llamaspec": version, "date": ISO 8601, "machine": as in bench, "settings": as in bench,
-     "prompt": where the prompt came from, "n_prompt": prompt tokens,
-     "rows": [{"strategy", "program",
-               "status": "ok" | "missing: ..." | "failed: ..." | "timed out ...",
-               "command": [program and arguments] (empty when missing),
-               "llama_cpp": null | SIDE, "llamaspec": SIDE,
-               "ratio": llamaspec decode t/s over llama.cpp's, or null,
-               "text": "same" | "differs at char I" | "" (not compared)}]}
-
-    SIDE = {"decode_tps", "prompt_tps": float or null, "n_decoded", "n_drafted", "n_accept": int
-            or null, "accept": percent or null, "text": the generated text}
+The JSON report (``llamaspec compare --json FILE``) is ``asdict(CompareReport)``;
+``report.validate(parsed, CompareReport)`` checks its shape, derived from the dataclasses.
 
 Timing is what each side reports: llama.cpp's "decoded ... t/s" line (its "eval time" for
 llama-completion) and llamaspec's Stats.decode_tps. With ``repeat`` > 1 each side keeps its
@@ -38,19 +26,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from tqdm import tqdm
 
-from . import bench, models
-from .api import LlamaSpec, Result
-from .bench import REPORT_SHAPE as BENCH_SHAPE, BenchSettings, SuitePrompt, build_spec, check_shape, \
-    check_strategies, format_columns, machine_info, render, version
-from .errors import ConfigError
+from .. import models
+from ..api import LlamaSpec, Result
+from ..errors import ConfigError
+from .report import Machine, format_columns, machine_info, version
+from .settings import BenchSettings, build_spec, check_strategies, default_strategies as bench_strategies
+from .suite import SuitePrompt, render
 
 BUILD_HINT = "build it with scripts/build_llama_cpp.sh"
 
@@ -76,7 +65,7 @@ def matched(settings: BenchSettings) -> BenchSettings:
 
 def default_strategies(settings: BenchSettings) -> List[str]:
     """Every strategy both sides have, the draft model's only when one is given."""
-    return [s for s in bench.default_strategies(settings) if s in PROGRAMS]
+    return [s for s in bench_strategies(settings) if s in PROGRAMS]
 
 
 def default_bin_dir() -> Path:
@@ -210,32 +199,29 @@ def agreement(ours: str, theirs: str) -> str:
 class CompareRow:
     strategy: str
     program: str
-    status: str
-    command: List[str]
+    status: str  # "ok" | "missing: ..." | "failed: ..." | "timed out ..."
+    command: List[str]  # the program and its arguments (empty when missing)
     llama_cpp: Optional[Side]
     llamaspec: Side
-    ratio: Optional[float]
-    text: str
+    ratio: Optional[float]  # llamaspec decode t/s over llama.cpp's
+    text: str  # "same" | "differs at char I" | "" (not compared)
 
 
 @dataclass
 class CompareReport:
     llamaspec: str
     date: str
-    machine: Dict[str, Any]
-    settings: Dict[str, Any]
-    prompt: str
+    machine: Machine
+    settings: BenchSettings
+    prompt: str  # where the prompt came from
     n_prompt: int
     rows: List[CompareRow] = field(default_factory=list)
 
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
     def table(self) -> str:
         s, m = self.settings, self.machine
-        lines = [f"{s['model']}, prompt {self.prompt} ({self.n_prompt} tokens), {s['n_predict']} tokens, greedy, "
-                 f"threads {m['threads']} ({m['backend']}), draft-max {s['draft_max']}"
-                 + (f", draft {s['draft_model']} (draft-p-min {s['draft_p_min']})" if s["draft_model"] else "")]
+        lines = [f"{s.model}, prompt {self.prompt} ({self.n_prompt} tokens), {s.n_predict} tokens, greedy, "
+                 f"threads {m.threads} ({m.backend}), draft-max {s.draft_max}"
+                 + (f", draft {s.draft_model} (draft-p-min {s.draft_p_min})" if s.draft_model else "")]
         cells = [("strategy", "llama.cpp program", "llama.cpp t/s", "llamaspec t/s", "ratio", "accept llama.cpp",
                   "accept llamaspec", "text / status")]
         for r in self.rows:
@@ -327,7 +313,7 @@ def run_compare(settings: BenchSettings, prompt: Union[str, SuitePrompt], strate
     if not text.strip():
         raise ConfigError("the prompt is empty")
     rows: List[CompareRow] = []
-    machine: Dict[str, Any] = {}
+    machine: Optional[Machine] = None
     n_prompt = 0
     with tempfile.TemporaryDirectory() as tmp, \
             tqdm(total=len(names) * settings.repeat, desc="compare", unit="run", file=sys.stderr,
@@ -342,29 +328,12 @@ def run_compare(settings: BenchSettings, prompt: Union[str, SuitePrompt], strate
                 cmd = command(name, program, model, draft, prompt_file, settings, spec.ctx.threads) if program else []
                 status, theirs, ours = _runs(spec, cmd, text, name, settings, timeout, bar)
             rows.append(_row(name, cmd, status, theirs, ours))
+    assert machine is not None
     return CompareReport(version(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                         machine, asdict(settings), label, n_prompt, rows)
+                         machine, settings, label, n_prompt, rows)
 
 
 def _side(result: Result) -> Side:
     s = result.stats
     return Side(s.decode_tps, s.prompt_tps, s.n_predict, s.n_drafted, s.n_accept,
                 s.accept if s.n_drafted else None, result.text)
-
-
-# --- JSON shape ---------------------------------------------------------------------------
-_OPT_FLOAT = (float, type(None))
-_OPT_INT = (int, type(None))
-SIDE_SHAPE = {"decode_tps": _OPT_FLOAT, "prompt_tps": _OPT_FLOAT, "n_decoded": _OPT_INT, "n_drafted": _OPT_INT,
-              "n_accept": _OPT_INT, "accept": _OPT_FLOAT, "text": str}
-REPORT_SHAPE: Dict[str, Any] = {
-    "llamaspec": str, "date": str, "machine": BENCH_SHAPE["machine"], "settings": BENCH_SHAPE["settings"],
-    "prompt": str, "n_prompt": int,
-    "rows": [{"strategy": str, "program": str, "status": str, "command": [str],
-              "llama_cpp": (SIDE_SHAPE, type(None)), "llamaspec": SIDE_SHAPE, "ratio": _OPT_FLOAT, "text": str}],
-}
-
-
-def validate_report(report: Dict[str, Any]) -> None:
-    """Raise ValueError unless ``report`` (parsed JSON) has the documented shape."""
-    check_shape(report, REPORT_SHAPE)

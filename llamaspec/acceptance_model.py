@@ -1,0 +1,111 @@
+"""How likely a candidate token is to be accepted: one model for every source, learned online.
+
+For a source and an evidence bucket (a match length, a draft model's confidence, ...; each
+source defines its buckets), the estimate of P(token accepted | the tokens before it were) is
+
+    (accepted + WEIGHT * prior) / (seen + WEIGHT)
+
+where ``accepted`` and ``seen`` count the observations of that bucket and decay by ``DECAY``
+after every step, so recent steps weigh most and a bucket not seen for a while drifts back to
+its prior. Every step teaches it, verified or not: a candidate token whose predecessors were
+all emitted is accepted exactly when it equals the emitted token at its position (greedy: the
+target's argmax; sampling: a sample of p, which equals the candidate's token with the
+probability that verifying it would have accepted it).
+
+The priors were chosen by replaying the target's real greedy answers to the bench suite
+through the sources (``python scripts/fit_priors.py``): each bucket's acceptance over those
+answers, rounded down.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Set, Tuple
+
+from .candidates import Outcome
+
+WEIGHT = 2.0
+DECAY = 0.98
+# No estimate is certain: however long a run of acceptances, a token may still be rejected.
+MAX_RATE = 0.98
+
+# source -> evidence bucket -> prior acceptance. Buckets not listed take DEFAULT[source].
+PRIORS: Dict[str, Dict[int, float]] = {
+    # lookup (see lookup.py): n-gram matches by agreement (0 .. 32); the anchor in step with the
+    # text by the token's edit class and depth (40 + 10 * class + depth), fresh (80 ..), out of
+    # step (90 ..)
+    "lookup": {1: 0.14, 2: 0.2, 3: 0.35, 4: 0.5, 5: 0.6, 8: 0.7, 12: 0.8, 16: 0.85, 24: 0.85, 32: 0.85,
+               40: 0.95, 41: 0.95, 50: 0.97, 51: 0.97, 60: 0.85, 61: 0.9, 70: 0.45, 71: 0.35,
+               80: 0.4, 81: 0.6, 82: 0.63, 83: 0.75, 84: 0.75, 85: 0.8,
+               90: 0.02, 91: 0.5, 92: 0.7, 93: 0.8, 94: 0.85},
+    # lookahead: bucket = length_bucket(agreement) for n-grams of the text, 64 + that for the window's
+    "lookahead": {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85},
+    # n-gram caches: bucket = position in the draft (0 first)
+    "cache": {0: 0.25, 1: 0.3, 2: 0.35},
+    # draft model: bucket = round(10 * the draft's top probability)
+    "draft": {b: min(0.95, 0.05 + 0.09 * b) for b in range(11)},
+}
+DEFAULT: Dict[str, float] = {"lookup": 0.2, "lookahead": 0.1, "cache": 0.3, "draft": 0.6}
+
+
+class AcceptanceModel:
+    """Acceptance estimates per (source, evidence bucket), and per source overall."""
+
+    def __init__(self, priors: Optional[Mapping[str, Mapping[int, float]]] = None,
+                 default: Optional[Mapping[str, float]] = None, weight: float = WEIGHT, decay: float = DECAY) -> None:
+        self.priors = PRIORS if priors is None else priors
+        self.default = DEFAULT if default is None else default
+        self.weight, self.decay = weight, decay
+        self._counts: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (source, bucket) -> (accepted, seen)
+        self._overall: Dict[str, Tuple[float, float]] = {}
+
+    def prior(self, source: str, bucket: int) -> float:
+        return self.priors.get(source, {}).get(bucket, self.default.get(source, 0.1))
+
+    def rate(self, source: str, bucket: int) -> float:
+        """Estimated P(accepted | predecessors accepted) of a token of ``source`` in ``bucket``."""
+        acc, seen = self._counts.get((source, bucket), (0.0, 0.0))
+        return min(MAX_RATE, (acc + self.weight * self.prior(source, bucket)) / (seen + self.weight))
+
+    def rates(self, source: str) -> Dict[int, float]:
+        """Every bucket of ``source`` with a prior or evidence, and its estimate."""
+        buckets = set(self.priors.get(source, {})) | {b for s, b in self._counts if s == source}
+        return {b: self.rate(source, b) for b in sorted(buckets)}
+
+    def overall(self, source: str) -> float:
+        """Per-token acceptance of ``source`` over every bucket: what to expect of it before it
+        proposes anything (to decide whether an expensive source is worth asking)."""
+        acc, seen = self._overall.get(source, (0.0, 0.0))
+        return (acc + self.weight * self.default.get(source, 0.1)) / (seen + self.weight)
+
+    def evidence(self, source: str) -> float:
+        """How many (decayed) observations of ``source`` the model holds."""
+        return self._overall.get(source, (0.0, 0.0))[1]
+
+    def learn(self, outcome: Outcome) -> None:
+        """Decay every count, then count each candidate token whose predecessors were emitted.
+        Candidates of one source that share a prefix count once."""
+        d = self.decay
+        self._counts = {k: (a * d, n * d) for k, (a, n) in self._counts.items()}
+        self._overall = {k: (a * d, n * d) for k, (a, n) in self._overall.items()}
+        emitted = outcome.emitted
+        seen: Set[Tuple[str, Tuple[int, ...]]] = set()
+        for cand in outcome.candidates:
+            for i, token in enumerate(cand.tokens[:len(emitted)]):
+                key = (cand.source, cand.tokens[:i + 1])
+                ok = token == emitted[i]
+                if key not in seen:
+                    seen.add(key)
+                    self._count(cand.source, cand.evidence[i], ok)
+                if not ok:
+                    break
+
+    def _count(self, source: str, bucket: int, ok: bool) -> None:
+        acc, n = self._counts.get((source, bucket), (0.0, 0.0))
+        self._counts[(source, bucket)] = (acc + ok, n + 1)
+        acc, n = self._overall.get(source, (0.0, 0.0))
+        self._overall[source] = (acc + ok, n + 1)
+
+    def forget(self, factor: float = 0.5) -> None:
+        """Weaken the evidence (a new, unrelated text): estimates move toward their priors."""
+        self._counts = {k: (a * factor, n * factor) for k, (a, n) in self._counts.items()}
+        self._overall = {k: (a * factor, n * factor) for k, (a, n) in self._overall.items()}

@@ -1,0 +1,240 @@
+"""Which candidate tokens to verify: the sub-trie with the most expected tokens per unit of cost.
+
+The model. A candidate token v is accepted when its parent was and the target picks v's token:
+P(v) = P(parent) * a(v), with a(v) from the acceptance model's per-token estimates (where
+several candidates share v, the best of their chains); the children of one node exclude each
+other, so the best estimated child keeps its a and each next one gets at most what the better
+ones leave. Verifying the node set S emits on average
+
+    E(S) = 1 + sum of P(v) over S          (the 1: the target's own token, always emitted)
+
+tokens for one target decode of 1 + |S| rows, which costs C(1 + |S|) single-token decodes (the
+measured curve of this machine, ``costs.CostModel``), plus what drafting cost this step (a draft
+model's decodes). The planner verifies the S that maximises E(S) / cost(S). For a given size the
+best S is the |S| nodes of highest P, and that set holds every node's parent (P never grows down
+a path), so one pass over the nodes by decreasing P tries every size; the cost curve need not be
+monotone. S empty is a plain step: E / cost = 1.
+
+A rider (lookahead's Jacobi window) adds its rows to the batch and its value (expected future
+tokens) to E; it rides when that raises E / cost.
+
+A draft model costs time before anything is known of its proposal, so it is asked first:
+``ask`` compares the best plan of the cheap sources with plans that add a draft of k tokens,
+each accepted with the draft's overall acceptance so far, at the cost of drafting them (a
+decode per token plus catching the draft's cache up). It is asked only when that pays, and told
+to stop drafting once the chance that its whole path is accepted no longer repays one more
+draft decode. Then ``choose`` plans again with the real draft, its tokens weighed by their own
+confidence; what drafting cost is spent either way and counts in every plan's cost.
+
+Sampled draft tokens are planned without looking at their values (each sits on its own branch,
+never merged with another source's token while planning; its weight depends only on the draft's
+confidence before drawing it), so choosing them never biases the tokens drawn: speculative
+sampling stays exact. Deterministic candidates merge freely.
+
+On a GPU-like flat curve verifying more is nearly free, so the planner picks long drafts, wide
+tries, the window and the draft model; on a steep CPU curve it picks short drafts or none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import FrozenSet, List, Optional, Sequence, Tuple
+
+from .candidates import Budget, Candidate, Rider
+from .costs import CostModel
+from .trie import Trie
+
+# Branches (KV-cache sequences besides the text's) a step may verify, unless a source needs more.
+MAX_LEAVES = 8
+# Draft lengths tried when deciding whether to ask a draft model.
+ASK_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one step may verify: the deepest position it may accept (tokens left to generate,
+    room in the context), the rows a batch may hold, the positions left in the context after
+    the pending token's, and how many branches (KV-cache sequences)."""
+
+    max_depth: int
+    max_rows: int
+    room: int
+    max_leaves: int = MAX_LEAVES
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the rider rides.
+    ``expected`` tokens for ``cost`` single-token decodes (drafting included)."""
+
+    lengths: Tuple[int, ...]
+    ride: bool
+    expected: float
+    cost: float
+
+    @property
+    def rate(self) -> float:
+        return self.expected / self.cost if self.cost > 0 else 0.0
+
+
+class Planner:
+    """Chooses what to verify from candidates, their per-token acceptance estimates and the costs.
+
+    Sources named in ``fixed`` are verified whole, every step (and their rider always rides): how
+    llama.cpp's programs verify, for comparing with them.
+    """
+
+    RATE_DECAY = 0.95
+
+    def __init__(self, costs: CostModel, fixed: FrozenSet[str] = frozenset()) -> None:
+        self.costs = costs
+        self.fixed = fixed
+        self._tokens, self._cost = 0.0, 0.0  # decayed sums over recent steps
+
+    @property
+    def rate(self) -> float:
+        """Tokens per unit of cost recently reached, at least plain decoding's 1: what a unit of
+        cost is worth elsewhere, the price each step's extra rows must beat."""
+        return max(1.0, self._tokens / self._cost) if self._cost > 0 else 1.0
+
+    def learn(self, n_tokens: int, cost: float) -> None:
+        """A step emitted ``n_tokens`` for ``cost`` (its plan's estimate)."""
+        d = self.RATE_DECAY
+        self._tokens, self._cost = self._tokens * d + n_tokens, self._cost * d + cost
+
+    def choose(self, candidates: Sequence[Candidate], rates: Sequence[Sequence[float]],
+               rider: Optional[Rider], limits: Limits, sunk: float = 0.0) -> Choice:
+        """The best selection. ``rates[c][i]``: estimated acceptance of ``candidates[c].tokens[i]``
+        given its predecessors; ``sunk``: what drafting already cost this step."""
+        parent, prob, depth, support = _nodes(candidates, rates)
+        forced = [v for v in range(1, len(parent))
+                  if any(candidates[c].source in self.fixed for c, _ in support[v])]
+        force_ride = rider is not None and bool(self.fixed)
+        rider_rows = len(rider.rows) if rider is not None else 0
+        cost = self.costs.verify
+
+        chosen: List[int] = []
+        picked = [False] * len(parent)
+        picked[0] = True
+        has_child = [False] * len(parent)
+        leaves, value = 1, 1.0
+        best: Optional[Tuple[float, int, bool]] = None  # (score, nodes, ride)
+
+        lam = self.rate
+
+        def consider() -> None:
+            nonlocal best
+            rows = 1 + len(chosen)
+            options = [] if force_ride else [(value - lam * (sunk + cost(rows)), False)]
+            if rider is not None and rows + rider_rows <= limits.max_rows:
+                options.append((value + rider.value - lam * (sunk + cost(rows + rider_rows)), True))
+            for score, ride in options:
+                if best is None or score > best[0]:
+                    best = (score, len(chosen), ride)
+
+        def take(v: int) -> bool:
+            nonlocal leaves, value
+            p = parent[v]
+            if not picked[p] or depth[v] > limits.max_depth or 1 + len(chosen) + 1 > limits.max_rows:
+                return False
+            if has_child[p] and leaves + 1 > limits.max_leaves:
+                return False
+            leaves += has_child[p]
+            has_child[p] = True
+            picked[v] = True
+            chosen.append(v)
+            value += prob[v]
+            return True
+
+        for v in forced:  # a fixed source's tokens are all verified; the scan adds to them
+            take(v)
+        consider()
+        for v in sorted(range(1, len(parent)), key=lambda u: (-prob[u], u)):
+            if not picked[v] and take(v):
+                consider()
+        _, n, ride = best if best is not None else (0.0, len(chosen), False)
+        lengths = [0] * len(candidates)
+        for v in chosen[:n]:
+            for c, pos in support[v]:
+                lengths[c] = max(lengths[c], pos + 1)
+        expected = 1.0 + sum(prob[v] for v in chosen[:n]) + (rider.value if ride and rider else 0.0)
+        rows = 1 + n + (rider_rows if ride else 0)
+        return Choice(tuple(lengths), ride, expected, sunk + cost(rows))
+
+    def ask(self, name: str, rate: float, lag: int, draft_max: int, candidates: Sequence[Candidate],
+            rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> Tuple[Optional[Budget], str]:
+        """Whether a draft model is worth running this step, with ``rate`` its expected per-token
+        acceptance and ``lag`` the accepted tokens its cache misses: (its budget or None, why)."""
+        lam = self.rate
+        base = self.choose(candidates, rates, rider, limits)
+        base_score = base.expected - lam * base.cost
+        c_d = self.costs.draft_token()
+        lengths = [k for k in ASK_LENGTHS if k <= min(draft_max, limits.max_depth)]
+        if not lengths:
+            return None, f"{name}: no room to draft"
+        # alone, for the explanation and to skip the full plans when the draft cannot pay
+        alone = []
+        for k in lengths:
+            expected = sum(rate ** j for j in range(k + 1))
+            cost = self.costs.draft(k, lag) + self.costs.verify(k + 1)
+            alone.append((expected - lam * cost, expected / cost, k))
+        score, ratio, k_alone = max(alone)
+        why = (f"{name} idle: a drafted token costs {c_d:.2f} of a target token and verifying {k_alone} costs "
+               f"{self.costs.verify(k_alone + 1):.2f}; at {rate:.0%} acceptance the best draft is expected at "
+               f"{ratio:.2f}x plain" + (f", the other sources at {base.rate:.2f}x" if base.rate > 1 else ""))
+        fixed = name in self.fixed
+        if score <= base_score and not fixed:
+            return None, why
+        best_score, best_k = base_score, 0
+        for k in lengths:
+            hyp = Candidate(tuple(range(-k, 0)), name, (0,) * k)
+            choice = self.choose([*candidates, hyp], [*rates, [rate] * k], rider, limits, self.costs.draft(k, lag))
+            score = choice.expected - lam * choice.cost
+            if choice.lengths[-1] and score > best_score:
+                best_score, best_k = score, k
+        if best_k == 0 and not fixed:
+            return None, why
+        return Budget(min(draft_max, limits.max_depth), 1, stop_below=0.0 if fixed else lam * c_d), ""
+
+
+def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
+    """The planning trie: deterministic candidates merged, sampled ones (a draft model's) each on
+    a branch of its own. Returns (parent, P, depth, support) per node, node 0 the root.
+
+    Each candidate's own chain gives P_c(i) = rates[c][0] * .. * rates[c][i]; a node shared by
+    several candidates takes the best of their chains (sources that copy the same text are not
+    independent evidence, so their estimates are not combined). Then a(v) = P(v) / P(parent)."""
+    merged = [c for c, cand in enumerate(candidates) if cand.q is None]
+    trie = Trie.build(-1, [candidates[c] for c in merged], [len(candidates[c].tokens) for c in merged])
+    parent, depth = list(trie.parent), list(trie.depth)
+    support = [[(merged[i], pos) for i, pos in s] for s in trie.support]
+    chains = []
+    for r in rates:
+        chain, p = [], 1.0
+        for a in r:
+            p *= a
+            chain.append(p)
+        chains.append(chain)
+    best = [max((chains[c][pos] for c, pos in s), default=1.0) for s in support]
+    for c, cand in enumerate(candidates):
+        if cand.q is None:
+            continue
+        node = 0
+        for pos in range(len(cand.tokens)):
+            parent.append(node)
+            depth.append(depth[node] + 1)
+            support.append([(c, pos)])
+            best.append(chains[c][pos])
+            node = len(parent) - 1
+    accept = [best[v] / best[parent[v]] if v and best[parent[v]] > 0 else 1.0 for v in range(len(parent))]
+    # Siblings exclude each other: the best estimated keeps its value, each next one at most
+    # what the better ones leave (1 - their sum).
+    left = [1.0] * len(parent)
+    for v in sorted(range(1, len(parent)), key=lambda u: -accept[u]):
+        a = min(accept[v], left[parent[v]])
+        left[parent[v]] -= a
+        accept[v] = a
+    prob = [1.0] * len(parent)
+    for v in range(1, len(parent)):  # parents first
+        prob[v] = prob[parent[v]] * accept[v]
+    return parent, prob, depth, support

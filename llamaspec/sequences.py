@@ -1,0 +1,28 @@
+"""Comparing token lists: how much of one another holds."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (list compares, no Python loop)."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:
+    """How many tokens ``new`` adds to ``old``, or None when it is not an extension of it."""
+    n = len(old)
+    if len(new) >= n and list(new[:n]) == list(old):
+        return len(new) - n
+    return None

@@ -1,0 +1,110 @@
+"""One step of speculation before and after the target's decode: ask the sources, plan, learn.
+
+The engine (a real target) and the replay harness (a recorded answer) both drive it::
+
+    plan = speculator.plan(tokens, limits, sampling, rng)   # candidates -> what to verify
+    ... verify plan.trie (and the rider) ...
+    speculator.learn(outcome)                                # every part learns from one outcome
+
+Cheap sources (lookup, n-gram caches, lookahead) propose every step. An expensive one (a draft
+model) is asked only when the planner expects it to pay; otherwise ``idle`` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .acceptance_model import AcceptanceModel
+from .candidates import Budget, Candidate, Outcome, Rider, Source
+from .config import SamplingConfig
+from .costs import CostModel
+from .planner import Choice, Limits, Planner
+from .trie import Trie
+
+# Candidates a cheap source may offer per step.
+MAX_CANDIDATES = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to verify this step: ``trie`` (the pending token at its root) holds the first
+    ``lengths[c]`` tokens of every ``candidates[c]``; ``rider`` rides along when set.
+    ``t_draft`` is the wall time an expensive source spent proposing."""
+
+    trie: Trie
+    candidates: Tuple[Candidate, ...]
+    lengths: Tuple[int, ...]
+    rider: Optional[Rider]
+    choice: Choice
+    t_draft: float = 0.0
+    idle: Dict[str, str] = field(default_factory=dict)
+
+
+class Speculator:
+    """The sources, the acceptance model and the planner, for one text at a time."""
+
+    def __init__(self, sources: Sequence[Source], model: AcceptanceModel, planner: Planner) -> None:
+        self.sources = list(sources)
+        self.model = model
+        self.planner = planner
+
+    @property
+    def costs(self) -> CostModel:
+        return self.planner.costs
+
+    def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig,
+             rng: np.random.Generator) -> Plan:
+        candidates: List[Candidate] = []
+        rider: Optional[Rider] = None
+        budget = Budget(limits.max_depth, MAX_CANDIDATES)
+        if limits.max_depth > 0:
+            for source in self.sources:
+                if not source.expensive:
+                    proposal = source.propose(tokens, budget, sampling, rng)
+                    candidates += proposal.candidates
+                    rider = proposal.rider or rider
+        if rider is not None and max(row[1] for row in rider.rows) > limits.room:
+            rider = None
+        rates = [[self.model.rate(c.source, e) for e in c.evidence] for c in candidates]
+        sunk, t_draft, idle = 0.0, 0.0, {}
+        for source in self.sources:
+            if not source.expensive or limits.max_depth <= 0:
+                continue
+            ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
+                                        source.max_len, candidates, rates, rider, limits)
+            if ask is None:
+                idle[source.name] = why
+                continue
+            t0 = time.perf_counter()
+            proposal = source.propose(tokens, replace(ask, rates=self.model.rates(source.name)), sampling, rng)
+            t_draft += time.perf_counter() - t0
+            for n, seconds in proposal.decodes:
+                self.costs.observe("draft", n, seconds)
+            sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes))
+            for cand in proposal.candidates:
+                candidates.append(cand)
+                rates.append([self.model.rate(cand.source, e) for e in cand.evidence])
+        choice = self.planner.choose(candidates, rates, rider, limits, sunk)
+        trie = Trie.build(tokens[-1], candidates, choice.lengths)
+        return Plan(trie, tuple(candidates), choice.lengths, rider if choice.ride else None, choice, t_draft, idle)
+
+    def learn(self, outcome: Outcome) -> None:
+        self.model.learn(outcome)
+        self.planner.learn(len(outcome.emitted), outcome.cost)
+        for source in self.sources:
+            source.learn(outcome)
+
+    def new_text(self) -> None:
+        """The next prompt does not continue the last text: evidence about it weighs less."""
+        self.model.forget()
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        for source in self.sources:
+            source.finish(tokens)
+
+    def contexts(self) -> list:
+        return [ctx for source in self.sources for ctx in source.contexts()]

@@ -1,0 +1,102 @@
+"""Choose the acceptance model's priors by replaying the target's real answers, and show what
+the planner would reach on them against the copy-oracle bound.
+
+    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE] [--curve measured|reference|flat]
+
+1. The target's greedy answers to the bench suite's prompts (plain decoding, -n tokens) are
+   generated once and kept in --answers (JSON: prompt tokens and answer tokens per prompt).
+2. Every candidate token each source offers while replaying them is counted per evidence bucket
+   (verified or not: the answer shows whether the target would have accepted it). The rates,
+   over all prompts, are the suggested priors (acceptance_model.PRIORS).
+3. The answers are replayed with the current priors through lookup, lookahead and both (auto
+   without a draft model), and the predicted speed-up over plain is printed beside the copy
+   oracle's, with the chosen cost curve (the measured one of this machine, the reference
+   machine's, or a GPU-like flat one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
+
+import llamaspec  # noqa: E402
+from llamaspec import LookaheadConfig, models  # noqa: E402
+from llamaspec.acceptance_model import AcceptanceModel  # noqa: E402
+from llamaspec.bench import load_suite  # noqa: E402
+from llamaspec.bench.suite import render  # noqa: E402
+from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel, cached_curve  # noqa: E402
+from llamaspec.config import default_threads  # noqa: E402
+from llamaspec.lookahead import LookaheadSource  # noqa: E402
+from llamaspec.lookup import LookupSource  # noqa: E402
+from llamaspec.planner import Planner  # noqa: E402
+from llamaspec.replay import copy_oracle, replay  # noqa: E402
+from llamaspec.speculator import Speculator  # noqa: E402
+
+
+def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
+    if path.is_file():
+        return json.loads(path.read_text())
+    suite = load_suite()
+    texts = render(models.resolve_model(model), suite)
+    spec = llamaspec.load(model, spec="none")
+    answers = {}
+    for prompt, text in zip(suite, texts):
+        tokens = spec.tokenize(text, add_special=False)
+        spec.reset()
+        result = spec.generate(tokens, max_tokens=n, temperature=0)
+        answers[prompt.name] = {"prompt": tokens, "answer": result.tokens}
+        print(f"recorded {prompt.name}: {len(result.tokens)} tokens", file=sys.stderr)
+    spec.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(answers) + "\n")
+    return answers
+
+
+def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel) -> Speculator:
+    sources: list = []
+    if "lookup" in names:
+        sources.append(LookupSource())
+    if "lookahead" in names:
+        sources.append(LookaheadSource(LookaheadConfig()))
+    return Speculator(sources, model, Planner(CostModel(curve)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--model", default=models.default_pair()[0])
+    parser.add_argument("-n", type=int, default=256)
+    parser.add_argument("--answers", type=Path, default=Path("tests/data/answers.json"))
+    parser.add_argument("--curve", choices=["measured", "reference", "flat"], default="reference")
+    args = parser.parse_args()
+    answers = record(args.model, args.n, args.answers)
+    if args.curve == "measured":
+        curve = cached_curve(models.resolve_model(args.model), default_threads(), models.cache_dir() / "costs.json")
+        if curve is None:
+            raise SystemExit("no measured curve: run `llamaspec profile` first")
+    else:
+        curve = REFERENCE_CPU if args.curve == "reference" else CostCurve.flat()
+
+    counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
+    for item in answers.values():
+        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts))
+    print("observed acceptance per bucket (seen):")
+    for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
+        print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
+
+    print(f"\npredicted speed-up over plain with the {args.curve} curve, current priors:")
+    print(f"  {'prompt':18} {'lookup':>8} {'lookahead':>10} {'both':>8} {'oracle':>8} {'both/oracle':>12}")
+    for name, item in answers.items():
+        row = [replay(item["prompt"], item["answer"], speculator(s, curve, AcceptanceModel())).speedup
+               for s in (["lookup"], ["lookahead"], ["lookup", "lookahead"])]
+        bound = copy_oracle(item["prompt"], item["answer"], curve.cost)
+        print(f"  {name:18} {row[0]:7.2f}x {row[1]:9.2f}x {row[2]:7.2f}x {bound:7.2f}x {100 * row[2] / bound:11.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

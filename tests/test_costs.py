@@ -1,0 +1,32 @@
+"""The cost model: measured curves, refined online from the wall time of every decode (no model)."""
+
+import pytest
+
+from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
+
+
+def test_costs_relative_to_one_target_token():
+    draft = CostCurve(REFERENCE_CPU.relative, 18.0, 2, "cpu")  # 0.6 of a target token
+    m = CostModel(REFERENCE_CPU, draft)
+    assert m.verify(1) == 1.0 and m.verify(16) == pytest.approx(6.74)
+    assert m.draft_token() == pytest.approx(0.6)
+    # drafting 3 tokens after a catch-up of 10: one decode of 11 rows, then two of one
+    assert m.draft(3, 10) == pytest.approx((18.0 * REFERENCE_CPU.cost(11) + 2 * 18.0) / 30.0)
+    assert m.units(0.030) == pytest.approx(1.0)
+
+
+def test_a_curve_measured_on_a_busy_machine_is_corrected_by_what_decodes_take():
+    m = CostModel(REFERENCE_CPU)
+    for _ in range(60):  # the machine is idle now: single tokens take 15 ms, 16 rows 45 ms (3x, not 6.74x)
+        m.observe("target", 1, 0.015)
+        m.observe("target", 16, 0.045)
+    assert m.verify(16) == pytest.approx(3.0, rel=0.05)
+    assert m.ms("target", 1) == pytest.approx(15.0, rel=0.05)
+    # a size never seen follows the machine's overall drift
+    assert m.ms("target", 8) < REFERENCE_CPU.ms(8)
+
+
+def test_flat_curves_are_not_refined():
+    m = CostModel(CostCurve.flat())
+    m.observe("target", 8, 1.0)
+    assert m.verify(8) == 1.0

@@ -1,0 +1,319 @@
+"""The engine and a generation's bookkeeping on a fake target (tests/fakes.py): token tries, stops
+inside a step, the context's edge, max_tokens, statistics, the KV cache after every step, and
+exact sampling through the whole verify path. Milliseconds, no model."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import List, Sequence
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from llamaspec.acceptance_model import AcceptanceModel
+from llamaspec.api import make_config, run
+from llamaspec.candidates import Budget, Candidate, Outcome, Proposal
+from llamaspec.config import SamplingConfig
+from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.engine import Engine
+from llamaspec.lookahead import LookaheadSource
+from llamaspec.config import LookaheadConfig
+from llamaspec.lookup import LookupSource
+from llamaspec.planner import Planner
+from llamaspec.sampling import Distribution, sample, transform
+from llamaspec.speculator import Speculator
+
+from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+class Oracle:
+    """A source that knows what the fake target will say: proposes ``k`` tokens of it, and a
+    wrong second candidate sharing its first tokens (a trie with a shared prefix)."""
+
+    name = "oracle"
+    expensive = False
+
+    def __init__(self, k: int = 6, wrong_after: int = 2) -> None:
+        self.k, self.wrong_after = k, wrong_after
+
+    def propose(self, tokens, budget, sampling, rng):
+        right = tuple(greedy_text(tokens, min(self.k, budget.max_len)))
+        if not right:
+            return Proposal()
+        wrong = right[:self.wrong_after] + ((right[self.wrong_after] + 1) % (V - 1),) if len(right) > self.wrong_after else ()
+        cands = [Candidate(right, self.name, (1,) * len(right))]
+        if wrong:
+            cands.append(Candidate(wrong, self.name, (1,) * len(wrong)))
+        return Proposal(tuple(cands))
+
+    def learn(self, outcome):
+        pass
+
+    def contexts(self):
+        return []
+
+    def finish(self, tokens):
+        pass
+
+
+class StepLog:
+    """A source that records what the engine tells it, to check the outcome it learns from."""
+
+    name = "log"
+    expensive = False
+
+    def __init__(self):
+        self.outcomes: List[Outcome] = []
+
+    def propose(self, tokens, budget, sampling, rng):
+        return Proposal()
+
+    def learn(self, outcome):
+        self.outcomes.append(outcome)
+
+    def contexts(self):
+        return []
+
+    def finish(self, tokens):
+        pass
+
+
+def engine(sources, curve=CostCurve.flat(), **ctx_options):
+    ctx = FakeContext(**ctx_options)
+    return Engine(ctx, Speculator(sources, AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+                                  Planner(CostModel(curve)))), ctx
+
+
+def generate(eng, prompt, **options):
+    chunks = list(run(eng, FakeModel(), list(prompt), make_config(**options)))
+    return chunks, chunks[-1].result
+
+
+def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_step():
+    prompt = copying_prompt()
+    eng, ctx = engine([LookupSource(), Oracle()])
+    eng.prefill(prompt)
+    text = []
+    for step in eng.steps(GREEDY, np.random.default_rng(0), 40):
+        text += step.tokens
+        check_kv(ctx, eng.tokens)
+    assert text == greedy_text(prompt, len(text)) and len(text) >= 40
+    assert max(ctx.decodes[1:]) > 1  # candidates were verified in batches
+
+
+def test_a_trie_with_a_shared_prefix_is_one_decode_and_keeps_the_right_branch():
+    log = StepLog()
+    eng, ctx = engine([Oracle(k=5, wrong_after=2), log])
+    eng.prefill(fake_prompt())
+    steps = eng.steps(GREEDY, np.random.default_rng(0), 100)
+    next(steps)  # the first token, from the prompt's decode
+    step = next(steps)
+    assert ctx.decodes[-1] == 1 + 5 + 1  # the pending token, 5 right tokens, 1 wrong one after the shared 2
+    assert step.n_drafted == 6 and step.n_accepted == 5 and step.path_sources == (("oracle",),) * 5
+    out = log.outcomes[-1]
+    assert out.verified == (5, 3) and out.emitted == tuple(step.tokens) and out.cost == pytest.approx(1.0)
+    check_kv(ctx, eng.tokens)
+    steps.close()
+    check_kv(ctx, eng.tokens)
+
+
+def test_stats_add_up():
+    eng, ctx = engine([LookupSource(), Oracle(k=4)])
+    chunks, result = generate(eng, copying_prompt(), max_tokens=50, temperature=0)
+    s = result.stats
+    assert s.n_accept <= s.n_drafted and s.n_predict == 50 == len(result.tokens)
+    assert s.n_predict == s.n_accept + s.n_target_calls  # nothing stopped inside a step
+    assert sum(src.accepted for src in s.sources.values()) >= s.n_accept  # a token two sources proposed counts twice
+    assert all(a <= d for a, d in zip(s.accepted_by_pos, s.drafted_by_pos))
+    assert [t for c in chunks for t in c.tokens] == result.tokens
+
+
+def test_max_tokens_clips_a_longer_draft():
+    eng, ctx = engine([Oracle(k=10, wrong_after=99)])
+    chunks, result = generate(eng, fake_prompt(), max_tokens=5, temperature=0)
+    assert len(result.tokens) == 5 and result.stop_reason == "length"
+    assert max(ctx.decodes[1:]) <= 4  # the pending token and at most 3 candidate tokens
+    check_kv(ctx, eng.tokens)
+
+
+def test_the_context_edge_stops_with_length_and_never_overflows():
+    eng, ctx = engine([LookupSource(), Oracle(k=10)], n_ctx=64)
+    prompt = fake_prompt(40)
+    chunks, result = generate(eng, prompt, max_tokens=-1, temperature=0)
+    assert result.stop_reason == "length"
+    assert len(prompt) + len(result.tokens) == 64 + 1  # the last token is emitted, never evaluated
+    check_kv(ctx, eng.tokens)
+
+
+class EosContext(FakeContext):
+    """The fake target, ending its text at position ``eos_at``."""
+
+    def __init__(self, eos_at: int, **kw):
+        super().__init__(**kw)
+        self.eos_at = eos_at
+
+    def _decode(self, rows):
+        super()._decode(rows)
+        with_logits = [r for r in rows if r[3]]
+        for i, (token, pos, seqs, _) in enumerate(with_logits):
+            if pos + 1 == self.eos_at:
+                self._out[i] = -30.0
+                self._out[i, EOS] = 30.0
+
+
+def eos_engine(eos_at, sources):
+    ctx = EosContext(eos_at)
+    return Engine(ctx, Speculator(sources, AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+                                  Planner(CostModel(CostCurve.flat())))), ctx
+
+
+class EosOracle(Oracle):
+    """Knows the text ends at ``eos_at`` and proposes past it."""
+
+    def __init__(self, eos_at):
+        super().__init__(k=8, wrong_after=99)
+        self.eos_at = eos_at
+
+    def propose(self, tokens, budget, sampling, rng):
+        right = list(greedy_text(tokens, 8))
+        if len(tokens) <= self.eos_at < len(tokens) + 8:
+            right[self.eos_at - len(tokens)] = EOS
+        return Proposal((Candidate(tuple(right[:budget.max_len]), self.name, (1,) * min(8, budget.max_len)),))
+
+
+def test_an_end_of_generation_inside_an_accepted_draft():
+    prompt = fake_prompt(30)
+    eos_at = len(prompt) + 4  # the fifth generated token
+    eng, ctx = eos_engine(eos_at, [EosOracle(eos_at)])
+    chunks, result = generate(eng, prompt, max_tokens=50, temperature=0)
+    assert result.stop_reason == "stop" and len(result.tokens) == 4 and EOS not in result.tokens
+    assert [t for c in chunks for t in c.tokens] == result.tokens  # no end-of-generation token in a chunk
+    s = result.stats
+    assert s.n_predict == 5  # the end-of-generation token counts as emitted
+    assert s.n_accept <= 5 - 1 and s.accepted_by_pos[0] <= 1 and sum(s.accepted_by_pos) == s.n_accept
+    assert eng.tokens[-1] == EOS and eng.tokens[:-1] == prompt + result.tokens  # EOS pending, the rest cut
+    check_kv(ctx, eng.tokens)
+
+
+def test_a_stop_string_held_back_still_yields_its_tokens():
+    prompt = copying_prompt()
+    eng, _ = engine([Oracle(k=3)])
+    _, full = generate(eng, prompt, max_tokens=30, temperature=0)
+    stop = full.text[10:14]  # four characters in the middle
+    eng, ctx = engine([Oracle(k=3)])
+    chunks, result = generate(eng, prompt, max_tokens=30, temperature=0, stop=[stop])
+    assert result.stop_reason == "stop" and result.text == full.text[:full.text.index(stop)]
+    assert "".join(c.text for c in chunks) == result.text
+    assert [t for c in chunks for t in c.tokens] == result.tokens
+    assert any(c.tokens and not c.text for c in chunks[:-1])  # a step whose text was held back
+    check_kv(ctx, eng.tokens)
+
+
+def test_a_cut_text_is_followed_not_relearned():
+    """After a stop cuts the text inside a step and the next prompt extends what is left, lookup
+    indexes only the new tokens (its index follows the cut) and the acceptance model keeps its
+    evidence."""
+    prompt = copying_prompt()
+    _, plain = generate(engine([])[0], prompt, max_tokens=20, temperature=0)
+    lookup = LookupSource()
+    eng, ctx = engine([lookup])
+    _, first = generate(eng, prompt, max_tokens=20, temperature=0, stop=[plain.text[8:10]])
+    assert first.stop_reason == "stop"
+    evidence = eng.speculator.model.evidence("lookup")
+    indexed = []
+    extend = lookup.lookup.history.extend
+    lookup.lookup.history.extend = lambda new: (indexed.append(len(new)), extend(new))
+    generate(eng, eng.tokens + [1, 2], max_tokens=3, temperature=0)
+    assert indexed and sum(indexed) <= 20 < len(eng.tokens) - 40  # the new tokens, not the whole text again
+    assert lookup.lookup.history.tokens == eng.tokens[:len(lookup.lookup.history.tokens)]
+    assert eng.speculator.model.evidence("lookup") > 0.5 * evidence > 0  # not thrown away
+
+
+def test_the_planner_on_a_steep_curve_mostly_decodes_plainly_on_text_it_cannot_predict():
+    eng, ctx = engine([LookupSource()], curve=REFERENCE_CPU)
+    _, result = generate(eng, fake_prompt(60, seed=3), max_tokens=40, temperature=0)
+    assert result.stats.n_drafted <= 10
+
+
+class QDraft:
+    """A draft model stand-in: samples a two-token chain from q, a blurred copy of the target's p."""
+
+    name = "draft"
+    expensive = False
+
+    def propose(self, tokens, budget, sampling, rng):
+        if budget.max_len < 1:
+            return Proposal()
+        text, toks, qs = list(tokens), [], []
+        for _ in range(min(2, budget.max_len)):
+            q = transform(logits_of(text, sharp=False) * 0.5 + 0.3, sampling)
+            x = sample(q, rng)
+            toks.append(x)
+            qs.append(q)
+            text.append(x)
+        return Proposal((Candidate(tuple(toks), self.name, (5,) * len(toks), tuple(qs)),))
+
+    def learn(self, outcome):
+        pass
+
+    def contexts(self):
+        return []
+
+    def finish(self, tokens):
+        pass
+
+
+def test_sampling_through_the_engine_is_exact():
+    """The first two tokens after the prompt's first are distributed as p(x1) p(x2 | x1), with a
+    sampled draft and deterministic lookup candidates verified together in one trie."""
+    prompt = [3, 5, 7, 3, 5, 8, 3, 5]  # lookup proposes 7 and 8 after "3 5"
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    eng, ctx = engine([LookupSource(), QDraft()], sharp=False)
+    counts = collections.Counter()
+    n = 6000
+    for seed in range(n):
+        eng.rewind(0)
+        eng.prefill(prompt + [int(seed % 2)])
+        rng = np.random.default_rng(seed)
+        got = []
+        for step in eng.steps(sampling, rng, 3):
+            got += step.tokens
+            if len(got) >= 3:
+                break
+        counts[tuple(got[1:3])] += 1
+        check_kv(ctx, eng.tokens)
+    # the first token comes from the prompt's row; the next two from one or two verify steps
+    expected = collections.Counter()
+    for last in (0, 1):
+        base = prompt + [last]
+        p_first = transform(logits_of(base, sharp=False), sampling)
+        for x0, p0 in zip(p_first.ids, p_first.probs):
+            p1 = transform(logits_of(base + [int(x0)], sharp=False), sampling)
+            for x1, q1 in zip(p1.ids, p1.probs):
+                p2 = transform(logits_of(base + [int(x0), int(x1)], sharp=False), sampling)
+                for x2, q2 in zip(p2.ids, p2.probs):
+                    expected[(int(x1), int(x2))] += 0.5 * p0 * q1 * q2
+    pairs = list(itertools.product(range(V), repeat=2))
+    exp = np.array([expected[pq] * n for pq in pairs])
+    obs = np.array([counts[pq] for pq in pairs])
+    keep = exp >= 5
+    rest_obs, rest_exp = obs[~keep].sum(), exp[~keep].sum()
+    stat = chisquare(np.append(obs[keep], rest_obs), np.append(exp[keep], rest_exp) * n / exp.sum())
+    assert stat.pvalue > 1e-3
+
+
+def test_a_seed_gives_plain_sampling_s_text_whatever_deterministic_candidates_were_verified():
+    """Each position's token is drawn with that position's own number (sample-and-match), so
+    lookup and the oracle's candidates change how many decodes it takes, never the text."""
+    prompt = copying_prompt()
+    options = dict(max_tokens=40, temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    _, plain = generate(engine([], sharp=False)[0], prompt, **options)
+    eng, ctx = engine([LookupSource(), Oracle(k=6)], sharp=False)
+    _, first = generate(eng, prompt, **options)
+    _, again = generate(eng, prompt, **options)  # the sources learned in between
+    assert first.tokens == plain.tokens == again.tokens and first.stats.seed == 7
+    assert first.stats.n_accept > 0

@@ -1,0 +1,110 @@
+"""The planner on synthetic cost curves: flat (a GPU), steep (a small CPU), non-monotone (no model)."""
+
+import numpy as np
+import pytest
+
+from llamaspec.candidates import Candidate, Rider
+from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.planner import Limits, Planner, _nodes
+from llamaspec.sampling import Distribution
+
+ROOMY = Limits(max_depth=64, max_rows=512, room=1000, max_leaves=8)
+GPU = CostCurve([1.0] * 32, 30.0, 2, "gpu")  # verifying n tokens costs what one does
+
+
+def curve(xs, ys, ms=30.0):
+    return CostCurve([float(c) for c in np.interp(np.arange(1, 33), xs, ys)], ms, 2, "cpu")
+
+
+def cand(tokens, source="lookup"):
+    return Candidate(tuple(tokens), source, (0,) * len(tokens))
+
+
+def choose(costs, cands, rate, rider=None, limits=ROOMY, fixed=frozenset(), reached=1.0):
+    """The planner's choice when every token is accepted with ``rate`` and steps so far reached
+    ``reached`` tokens per unit of cost."""
+    planner = Planner(CostModel(costs), fixed)
+    planner.learn(reached * 100, 100.0)
+    return planner.choose(cands, [[rate] * len(c.tokens) for c in cands], rider, limits)
+
+
+def test_a_flat_curve_verifies_long_drafts_and_wide_tries():
+    cands = [cand(range(1, 21)), cand([1, 2, 30, 31]), cand([40, 41])]
+    choice = choose(GPU, cands, 0.6)
+    assert choice.lengths == (20, 4, 2)  # everything: a row costs nothing
+    assert choice.expected > 2 and choice.cost == pytest.approx(1.0)
+
+
+def test_a_steep_curve_verifies_short_drafts_or_none():
+    cands = [cand(range(1, 21))]
+    assert choose(REFERENCE_CPU, cands, 0.3).lengths == (0,)  # a plain step
+    short = choose(REFERENCE_CPU, cands, 0.8).lengths[0]
+    assert 1 <= short <= 3
+    assert choose(REFERENCE_CPU, cands, 0.98, reached=2.0).lengths[0] == 15  # 16 rows cost less than 12 here
+    assert choose(REFERENCE_CPU, cands, 0.98, reached=1.0).lengths[0] == 20  # at plain's price, every row pays
+
+
+def test_a_non_monotone_curve_is_searched_whole():
+    dip = curve([1, 2, 8, 12, 16, 32], [1, 1.9, 8, 9, 5, 12])  # 16 rows far cheaper than 9 .. 15
+    assert choose(dip, [cand(range(1, 31))], 0.97, reached=2.5).lengths == (15,)
+
+
+def test_siblings_exclude_each_other():
+    cands = [cand([1, 2]), cand([3, 4])]
+    parent, prob, depth, support = _nodes(cands, [[0.9, 0.9], [0.9, 0.9]])
+    first = [v for v in range(1, len(parent)) if parent[v] == 0]
+    assert sorted(round(prob[v], 6) for v in first) == [0.1, 0.9]  # the second gets what the first leaves
+    # a node two candidates share takes the better chain, not a product of both
+    parent, prob, _, _ = _nodes([cand([1, 2]), cand([1, 3])], [[0.5, 0.9], [0.8, 0.5]])
+    assert prob[1] == pytest.approx(0.8)
+
+
+def test_a_sampled_draft_is_planned_on_its_own_branch():
+    q = Distribution.point(1)
+    draft = Candidate((1, 2), "draft", (9, 9), (q, q))
+    parent, _, _, support = _nodes([cand([1, 2]), draft], [[0.5, 0.5], [0.9, 0.9]])
+    assert len(parent) == 5  # root, the lookup's two nodes, the draft's own two
+
+
+def test_limits_are_kept():
+    cands = [cand(range(1, 21)), cand([1, 30]), cand([40]), cand([50])]
+    assert sum(choose(GPU, cands, 0.6, limits=Limits(64, 4, 1000)).lengths) <= 3 + 1  # 3 rows besides the root
+    assert max(choose(GPU, cands, 0.6, limits=Limits(2, 512, 1000)).lengths) == 2
+    one = choose(GPU, cands, 0.6, limits=Limits(64, 512, 1000, max_leaves=1))
+    assert one.lengths == (20, 1, 0, 0)  # one branch only (the second shares its first token)
+
+
+def test_a_fixed_source_is_verified_whole_and_its_rider_always_rides():
+    rider = Rider(((5, 1, (0,), True),) * 11, 4, 0.0)
+    choice = choose(REFERENCE_CPU, [cand([1, 2, 3], "lookahead"), cand([9, 8], "lookup")], 0.1, rider,
+                    fixed=frozenset({"lookahead"}))
+    assert choice.lengths[0] == 3 and choice.ride
+
+
+def test_a_rider_rides_when_it_pays():
+    rider = Rider(((5, 1, (0,), True),) * 11, 4, 0.1)
+    assert choose(GPU, [], 0.5, rider).ride
+    assert not choose(REFERENCE_CPU, [], 0.5, rider).ride
+
+
+def test_the_draft_model_is_asked_on_a_flat_curve_and_idle_on_a_steep_one():
+    gpu = Planner(CostModel(GPU, CostCurve([1.0] * 32, 6.0, 2, "gpu")))  # a draft token costs 0.2
+    budget, _ = gpu.ask("draft", 0.8, 0, 16, [], [], None, ROOMY)
+    assert budget is not None and budget.max_len == 16 and budget.stop_below == pytest.approx(0.2)
+    cpu = Planner(CostModel(REFERENCE_CPU, CostCurve(REFERENCE_CPU.relative, 18.0, 2, "cpu")))
+    budget, why = cpu.ask("draft", 0.9, 0, 16, [], [], None, ROOMY)
+    assert budget is None
+    assert why.startswith("draft idle: a drafted token costs 0.60 of a target token") and "expected at" in why
+
+
+def test_the_price_of_a_row_is_the_rate_already_reached():
+    planner = Planner(CostModel(REFERENCE_CPU))
+    assert planner.rate == 1.0
+    planner.learn(10, 5.0)
+    assert planner.rate == pytest.approx(2.0)
+    cands = [cand(range(1, 21))]
+    rates = [[0.8] * 20]
+    cheap = Planner(CostModel(REFERENCE_CPU)).choose(cands, rates, None, ROOMY)
+    assert planner.choose(cands, rates, None, ROOMY).lengths[0] <= cheap.lengths[0]
+    planner.learn(0, 1000.0)
+    assert planner.rate == 1.0  # never below plain decoding's

@@ -1,0 +1,69 @@
+"""The model-free replay harness and the copy-oracle bound, on synthetic texts and on the
+target's real recorded answers to the bench suite (tests/data/answers.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamaspec import LookaheadConfig
+from llamaspec.acceptance_model import AcceptanceModel
+from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.lookahead import LookaheadSource
+from llamaspec.lookup import LookupSource
+from llamaspec.planner import Planner
+from llamaspec.replay import copy_oracle, replay
+from llamaspec.speculator import Speculator
+
+ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text())
+LINEAR = CostCurve([float(n) for n in range(1, 33)], 30.0, 2, "cpu")  # verifying never pays
+
+
+def speculator(curve, lookahead=True):
+    sources = [LookupSource()] + ([LookaheadSource(LookaheadConfig())] if lookahead else [])
+    return Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)))
+
+
+def test_copy_oracle_on_texts_whose_answer_is_known():
+    prompt = list(range(1, 21))
+    assert copy_oracle(prompt, prompt, CostCurve.flat().cost) == 19.0  # one step verifies the whole copy
+    assert copy_oracle(prompt, prompt, LINEAR.cost) == 1.0
+    assert copy_oracle(prompt, list(range(100, 140)), CostCurve.flat().cost) == 1.0  # nothing to copy
+    # a repeat of the answer itself counts: 7 steps for new tokens (the first is the prompt's),
+    # then 8 copied + 1 in one step, then the last 7 copied (its extra token past the end)
+    answer = list(range(50, 58)) * 3
+    assert copy_oracle([1], answer, CostCurve.flat().cost) == pytest.approx(23 / 9)
+
+
+def test_replay_counts_and_cost():
+    answer = [1, 2, 3, 4, 5, 6, 7, 8] * 8
+    stats = replay(answer[:8], answer[8:], speculator(CostCurve.flat(), lookahead=False))
+    assert stats.n_tokens == len(answer) - 8 - 1  # the first token is the prompt's
+    assert stats.n_accept <= stats.n_drafted and stats.n_accept == stats.n_tokens - stats.n_steps
+    assert stats.speedup > 5 and stats.sources["lookup"].accepted == stats.n_accept
+    plain = replay(answer[:8], answer[8:], Speculator([], AcceptanceModel(), Planner(CostModel(REFERENCE_CPU))))
+    assert plain.speedup == 1.0 and plain.n_drafted == 0
+
+
+@pytest.mark.parametrize("name, share", [("code_edit", 0.6), ("summarize_quotes", 0.55), ("json_record", 0.55)])
+def test_where_the_answer_copies_the_prompt_the_planner_gets_near_the_bound(name, share):
+    item = ANSWERS[name]
+    bound = copy_oracle(item["prompt"], item["answer"], REFERENCE_CPU.cost)
+    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU))
+    print(f"{name}: {stats.speedup:.2f}x of a {bound:.2f}x bound")
+    assert stats.speedup >= share * bound
+
+
+@pytest.mark.parametrize("name", ["open_chat", "long_answer"])
+def test_where_nothing_is_copied_the_planner_costs_almost_nothing(name):
+    item = ANSWERS[name]
+    assert replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU)).speedup >= 0.97
+
+
+def test_a_flat_curve_verifies_more_than_a_steep_one():
+    item = ANSWERS["code_edit"]
+    flat = replay(item["prompt"], item["answer"], speculator(CostCurve.flat()))
+    steep = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU))
+    assert flat.n_drafted > 2 * steep.n_drafted and flat.n_steps < steep.n_steps
