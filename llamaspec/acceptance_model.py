@@ -33,9 +33,9 @@ PRIORS: Dict[str, Dict[int, float]] = {
     # lookup (see lookup.py): n-gram matches by agreement (0 .. 32); the anchor in step with the
     # text by the token's edit class and depth (40 + 10 * class + depth), fresh (80 ..), out of
     # step (90 ..)
-    "lookup": {1: 0.14, 2: 0.2, 3: 0.35, 4: 0.5, 5: 0.6, 8: 0.7, 12: 0.8, 16: 0.85, 24: 0.85, 32: 0.85,
-               40: 0.95, 41: 0.95, 50: 0.97, 51: 0.97, 60: 0.85, 61: 0.9, 70: 0.45, 71: 0.35,
-               80: 0.4, 81: 0.6, 82: 0.63, 83: 0.75, 84: 0.75, 85: 0.8,
+    "lookup": {1: 0.14, 2: 0.2, 3: 0.35, 4: 0.45, 5: 0.55, 8: 0.65, 12: 0.75, 16: 0.8, 24: 0.85, 32: 0.85,
+               40: 0.95, 41: 0.95, 50: 0.97, 51: 0.97, 60: 0.85, 61: 0.9, 70: 0.4, 71: 0.3,
+               80: 0.4, 81: 0.58, 82: 0.65, 83: 0.75, 84: 0.85, 85: 0.9,
                90: 0.02, 91: 0.5, 92: 0.7, 93: 0.8, 94: 0.85},
     # lookahead: bucket = length_bucket(agreement) for n-grams of the text, 64 + that for the window's
     "lookahead": {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85},

@@ -109,7 +109,7 @@ OUT_OF_STEP = 90
 # How far before and after the anchor a realignment looks.
 BEHIND, AHEAD = 4, 64
 # Agreement that moves the anchor to another occurrence.
-MOVE = 3
+MOVE = 4
 
 
 class PromptLookup:

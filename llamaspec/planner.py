@@ -46,6 +46,8 @@ from .trie import Trie
 
 # Branches (KV-cache sequences besides the text's) a step may verify, unless a source needs more.
 MAX_LEAVES = 8
+# A draft model's catch-up is charged this many steps' share each step (see Planner.ask).
+CATCH_UP_STEPS = 8
 # Draft lengths tried when deciding whether to ask a draft model.
 ASK_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -172,15 +174,23 @@ class Planner:
         lengths = [k for k in ASK_LENGTHS if k <= min(draft_max, limits.max_depth)]
         if not lengths:
             return None, f"{name}: no room to draft"
+        # Catching the draft's cache up is paid once and serves every later draft step: each step
+        # is charged CATCH_UP_STEPS-th of it.
+        catch_up = (self.costs.draft(1, lag) - self.costs.draft(1, 0)) / CATCH_UP_STEPS
+
+        def drafting(k: int) -> float:
+            return self.costs.draft(k, 0) + catch_up
+
         # alone, for the explanation and to skip the full plans when the draft cannot pay
         alone = []
         for k in lengths:
             expected = sum(rate ** j for j in range(k + 1))
-            cost = self.costs.draft(k, lag) + self.costs.verify(k + 1)
+            cost = drafting(k) + self.costs.verify(k + 1)
             alone.append((expected - lam * cost, expected / cost, k))
-        score, ratio, k_alone = max(alone)
-        why = (f"{name} idle: a drafted token costs {c_d:.2f} of a target token and verifying {k_alone} costs "
-               f"{self.costs.verify(k_alone + 1):.2f}; at {rate:.0%} acceptance the best draft is expected at "
+        score = max(alone)[0]
+        _, ratio, k_best = max(alone, key=lambda a: a[1])
+        why = (f"{name} idle: a drafted token costs {c_d:.2f} of a target token and verifying {k_best} costs "
+               f"{self.costs.verify(k_best + 1):.2f}; at {rate:.0%} acceptance the best draft is expected at "
                f"{ratio:.2f}x plain" + (f", the other sources at {base.rate:.2f}x" if base.rate > 1 else ""))
         fixed = name in self.fixed
         if score <= base_score and not fixed:
@@ -188,7 +198,7 @@ class Planner:
         best_score, best_k = base_score, 0
         for k in lengths:
             hyp = Candidate(tuple(range(-k, 0)), name, (0,) * k)
-            choice = self.choose([*candidates, hyp], [*rates, [rate] * k], rider, limits, self.costs.draft(k, lag))
+            choice = self.choose([*candidates, hyp], [*rates, [rate] * k], rider, limits, drafting(k))
             score = choice.expected - lam * choice.cost
             if choice.lengths[-1] and score > best_score:
                 best_score, best_k = score, k
