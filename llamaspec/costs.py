@@ -184,8 +184,7 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = F
     table = _read_table(cache_file)
     if key in table:
         return CostCurve(**table[key])
-    curve = measure(ctx, progress=f"measuring the cost of verifying n tokens with {ctx.model.path.name} "
-                                   f"(once per model and thread count)" if progress else "")
+    curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} (once)" if progress else "")
     if cache_file is not None:
         save(curve, ctx, cache_file)
     return curve

@@ -181,17 +181,19 @@ class Planner:
         def drafting(k: int) -> float:
             return self.costs.draft(k, 0) + catch_up
 
-        # alone, for the explanation and to skip the full plans when the draft cannot pay
+        # alone, to skip the full plans when the draft cannot pay, and (without the catch-up) for
+        # the explanation
         alone = []
         for k in lengths:
             expected = sum(rate ** j for j in range(k + 1))
-            cost = drafting(k) + self.costs.verify(k + 1)
-            alone.append((expected - lam * cost, expected / cost, k))
+            cost = self.costs.draft(k, 0) + self.costs.verify(k + 1)
+            alone.append((expected - lam * (cost + catch_up), expected / cost, k))
         score = max(alone)[0]
         _, ratio, k_best = max(alone, key=lambda a: a[1])
         why = (f"{name} idle: a drafted token costs {c_d:.2f} of a target token and verifying {k_best} costs "
                f"{self.costs.verify(k_best + 1):.2f}; at {rate:.0%} acceptance the best draft is expected at "
-               f"{ratio:.2f}x plain" + (f", the other sources at {base.rate:.2f}x" if base.rate > 1 else ""))
+               f"{ratio:.2f}x plain" + (f" before catching up on {lag} tokens" if lag > 1 else "")
+               + (f", the other sources at {base.rate:.2f}x" if base.rate > 1 else ""))
         fixed = name in self.fixed
         if score <= base_score and not fixed:
             return None, why
