@@ -6,7 +6,9 @@
     >>> result.text, result.stats.accept
 """
 
-from .api import Chunk, LlamaSpec, Result, load
+from ._llama import ModelPool
+from .api import LlamaSpec, load
+from .generation import Chunk, Result, Stream
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig)
 from .errors import (
@@ -17,6 +19,7 @@ from .errors import (
     LlamaspecError,
     ModelError,
     PromptError,
+    StreamClosedError,
     UnknownModelError,
     VocabMismatchError,
 )
@@ -37,10 +40,13 @@ __all__ = [
     "LookupConfig",
     "ModelConfig",
     "ModelError",
+    "ModelPool",
     "PromptError",
     "Result",
     "SamplingConfig",
     "SpecConfig",
+    "Stream",
+    "StreamClosedError",
     "SourceStats",
     "Stats",
     "UnknownModelError",

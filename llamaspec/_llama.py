@@ -175,6 +175,36 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
 
+class ModelPool:
+    """Loaded models that several owners share, so each file's weights are mapped once.
+
+    ``get`` returns the model of a file (loading it the first time) and counts the owner;
+    ``release`` forgets one owner and frees the model with the last.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict = {}  # (path, n_gpu_layers) -> [Model, owners]
+
+    def get(self, path: Path, n_gpu_layers: int = 0) -> "Model":
+        with self._lock:
+            key = (Path(path).resolve(), n_gpu_layers)
+            if key not in self._models:
+                self._models[key] = [Model(path, n_gpu_layers), 0]
+            self._models[key][1] += 1
+            return self._models[key][0]
+
+    def release(self, model: "Model") -> None:
+        with self._lock:
+            for key, entry in list(self._models.items()):
+                if entry[0] is model:
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._models[key]
+                        model.close()
+                    return
+
+
 # One batch row of another sequence: (token, position offset, sequence ids, logits?).
 Row = Tuple[int, int, Sequence[int], bool]
 

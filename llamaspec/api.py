@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+import os
+import threading
+import warnings
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Protocol, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
-import numpy as np
-
-from ._llama import Context, Model
-from .chat import ChatTemplate, Message
+from ._llama import Context, Model, ModelPool, supports_gpu_offload
+from .chat import ChatTemplate, Message, fit
 from . import models
 from .acceptance_model import AcceptanceModel
 from .candidates import Source
@@ -19,41 +18,17 @@ from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfi
 from .costs import CostCurve, CostModel, load_or_measure
 from .draft_model import DraftModelSource
 from .engine import Engine
-from .errors import ConfigError, PromptError
+from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
 from .lookahead import LookaheadSource, check_fits
 from .lookup import LookupSource
 from .ngram_cache import CacheSource, NgramCaches
 from .planner import MAX_LEAVES, Planner
 from .speculator import Speculator
 from .models import resolve_model
-from .sampling import Uniforms
-from .stats import Stats
-from .text import TextStream
+from .generation import Chunk, Result, Stream, last, make_config
 from .vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]
-
-
-@dataclass
-class Result:
-    """A finished generation. ``stop_reason`` is "stop" (end of generation or a stop string)
-    or "length" (max_tokens reached or the context is full)."""
-
-    text: str
-    tokens: List[int]
-    stop_reason: str
-    stats: Stats
-
-
-@dataclass
-class Chunk:
-    """Text accepted in one step; ``from_draft`` of ``tokens`` were drafted and accepted.
-    The last chunk of a stream carries the ``result``."""
-
-    text: str
-    tokens: List[int] = field(default_factory=list)
-    from_draft: int = 0
-    result: Optional[Result] = None
 
 
 class LlamaSpec:
@@ -62,14 +37,19 @@ class LlamaSpec:
     ``spec`` chooses the sources (default auto: every one the loaded models and files allow);
     ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup and
     lookahead may copy from. The caches persist between calls: a prompt that extends the
-    previous one (the next turn of a chat) evaluates only its new tokens.
+    previous one (the next turn of a chat) evaluates only its new tokens. LlamaSpecs given the
+    same ``pool`` share the weights of the models they both load.
     """
 
     def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
                  progress: bool = True, lookup: LookupConfig = LookupConfig(), references: Sequence[str] = (),
-                 lookahead: LookaheadConfig = LookaheadConfig(), spec: SpecConfig = SpecConfig()) -> None:
+                 lookahead: LookaheadConfig = LookaheadConfig(), spec: SpecConfig = SpecConfig(),
+                 pool: Optional[ModelPool] = None) -> None:
         self.target_config, self.draft_config = target, draft_config
+        self._lock = threading.RLock()
+        self._active: Optional[Stream] = None
+        self._closed = False
         names = spec.resolve(draft is not None, bool(lookup.cache_static or lookup.cache_dynamic))
         if references and not names & {"lookup", "lookahead"}:
             raise ConfigError("references are read by the lookup and lookahead sources; --spec excludes both")
@@ -80,23 +60,34 @@ class LlamaSpec:
             leaves = n_seq - 1 - lookahead.w
         if "cache" in names:
             NgramCaches.open(lookup)  # bad cache files: fail before loading anything
-        self.model = Model(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
+        _warn_about(target, draft)
+        self._pool = pool if pool is not None else ModelPool()
+        self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
-        if draft is not None and "draft" in names:
-            self.draft_model = Model(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
-            check_compatible(self.model, self.draft_model)
-        self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
+        self.ctx: Optional[Context] = None
         self._draft_ctx: Optional[Context] = None
-        costs_file = models.cache_dir(cache_dir) / "costs.json"
-        draft_curve = None
-        if self.draft_model is not None and draft is not None:
-            self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-            draft_curve = load_or_measure(self._draft_ctx, costs_file, progress)
-        curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
-        self._costs = CostModel(curve, draft_curve)
-        self._names, self._fixed, self._lookup, self._lookahead = names, spec.fixed, lookup, lookahead
-        self._references = [self.model.tokenize(text, add_special=False, parse_special=False) for text in references]
-        self.engine = Engine(self.ctx, self._speculator(), leaves)
+        try:
+            if draft is not None and "draft" in names:
+                self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
+                check_compatible(self.model, self.draft_model)
+            self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
+            costs_file = models.cache_dir(cache_dir) / "costs.json"
+            draft_curve = None
+            if self.draft_model is not None and draft is not None:
+                self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
+                draft_curve = load_or_measure(self._draft_ctx, costs_file, progress)
+            curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
+            self._costs = CostModel(curve, draft_curve)
+            self._names, self._fixed, self._lookup, self._lookahead = names, spec.fixed, lookup, lookahead
+            self._references = [self.model.tokenize(text, add_special=False, parse_special=False)
+                                for text in references]
+            self.engine = Engine(self.ctx, self._speculator(), leaves)
+        except BaseException:  # nothing half-loaded stays behind
+            for ctx in (self.ctx, self._draft_ctx):
+                if ctx is not None:
+                    ctx.close()
+            self._release_models()
+            raise
         self._template: Optional[ChatTemplate] = None
 
     def _speculator(self) -> Speculator:
@@ -118,52 +109,103 @@ class LlamaSpec:
     # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
         """Tokens of raw text with special tokens parsed, as llama.cpp's programs tokenize a prompt."""
-        return self.model.tokenize(text, add_special=add_special, parse_special=True)
+        self._check_open()
+        return self.model.tokenize(_utf8(text, "the text"), add_special=add_special, parse_special=True)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
+        self._check_open()
         return self.model.detokenize(tokens)
 
     def format_chat(self, messages: Sequence[Message]) -> str:
+        self._check_open()
         if self._template is None:
             self._template = ChatTemplate(self.model)
         return self._template.render(messages)
 
     # --- generation ---------------------------------------------------------------------
+    # One LlamaSpec decodes one sequence at a time: every call holds the lock, so calls from
+    # several threads run one after the other. A generation that starts while an earlier
+    # stream is unfinished closes that stream (reading it again raises StreamClosedError).
+
     def generate(self, prompt: Prompt, **options: Any) -> Result:
         """Generate from raw text (or tokens). Options: max_tokens, stop, temperature, top_k,
         top_p, min_p, seed."""
-        return _last(self.stream(prompt, **options))
+        with self._lock:
+            return last(self.stream(prompt, **options))
 
-    def chat(self, messages: Sequence[Message], **options: Any) -> Result:
-        """Reply to chat messages, formatted with the model's own template."""
-        return _last(self.chat_stream(messages, **options))
+    def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:
+        """Reply to chat messages, formatted with the model's own template (see chat_stream)."""
+        with self._lock:
+            return last(self.chat_stream(messages, trim, **options))
 
-    def chat_stream(self, messages: Sequence[Message], **options: Any) -> Iterator[Chunk]:
-        text = self.format_chat(messages)
-        return self.stream(self.model.tokenize(text, add_special=False, parse_special=True), **options)
-
-    def stream(self, prompt: Prompt, **options: Any) -> Iterator[Chunk]:
-        """Yield chunks of text as the target accepts them; the last chunk carries the Result."""
+    def chat_stream(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Stream:
+        """Stream a reply to chat messages. When the conversation does not fit the context with
+        room for the reply, the oldest turns are left out (never the system message) and the
+        result says how many (``dropped_turns``); with ``trim=False`` a PromptError is raised
+        instead."""
         config = make_config(**options)
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        if not tokens or (isinstance(prompt, str) and not prompt.strip()):
-            raise PromptError("the prompt is empty")
-        return self._run(tokens, config)
+        with self._lock:
+            self._check_open()
+            room = self.ctx.n_ctx - reply_room(config.max_tokens, self.ctx.n_ctx)
+            kept, dropped = fit(messages, lambda m: len(self._chat_tokens(m)), room)
+            if dropped and not trim:
+                raise PromptError(f"the conversation does not fit the {self.ctx.n_ctx}-token context with room for "
+                                  f"the reply; {dropped} of its oldest turns would have to go")
+            return self._start(self._chat_tokens(kept), config, dropped)
 
-    def _run(self, prompt: List[int], config: GenerationConfig) -> Iterator[Chunk]:
-        return run(self.engine, self.model, prompt, config, self.spec_name)
+    def _chat_tokens(self, messages: Sequence[Message]) -> List[int]:
+        for m in messages:
+            _utf8(str(m.get("content", "")), f"the {m.get('role', '')} message")
+        return self.model.tokenize(self.format_chat(messages), add_special=False, parse_special=True)
+
+    def stream(self, prompt: Prompt, **options: Any) -> Stream:
+        """Chunks of text as the target accepts them; the last chunk carries the Result."""
+        config = make_config(**options)
+        with self._lock:
+            self._check_open()
+            tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if not tokens or (isinstance(prompt, str) and not prompt.strip()):
+                raise PromptError("the prompt is empty")
+            bad = [t for t in tokens if not 0 <= t < self.model.n_vocab]
+            if bad:
+                raise PromptError(f"token {bad[0]} is not in the vocabulary of {self.model.n_vocab} tokens")
+            return self._start(tokens, config)
+
+    def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
+        if self._active is not None and not self._active.done:
+            self._active.close("this stream was closed: another generation started on the same LlamaSpec")
+        self._active = Stream(self.engine, self.model, tokens, config, self.spec_name, self._lock, dropped_turns)
+        return self._active
 
     def reset(self) -> None:
         """Forget the conversation and what speculation learned from it: every KV cache, the
         sources' memory of the text, the acceptance estimates. (The measured costs stay.)"""
-        self.engine.restart(self._speculator())
+        with self._lock:
+            self._check_open()
+            if self._active is not None and not self._active.done:
+                self._active.close("this stream was closed: the LlamaSpec was reset")
+            self.engine.restart(self._speculator())
 
     def close(self) -> None:
-        for ctx in self.engine.contexts():
-            ctx.close()
+        """Free the models and their caches; every later call raises LlamaspecError."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._active is not None and not self._active.done:
+                self._active.close("this stream was closed: its LlamaSpec was closed")
+            self._closed = True
+            for ctx in self.engine.contexts():
+                ctx.close()
+            self._release_models()
+
+    def _release_models(self) -> None:
         for model in (self.model, self.draft_model):
             if model is not None:
-                model.close()
+                self._pool.release(model)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LlamaspecError("this LlamaSpec is closed")
 
     def __enter__(self) -> "LlamaSpec":
         return self
@@ -172,82 +214,31 @@ class LlamaSpec:
         self.close()
 
 
-class Vocabulary(Protocol):
-    def is_eog(self, token: int) -> bool: ...
+def reply_room(max_tokens: int, n_ctx: int) -> int:
+    """Tokens a chat prompt leaves free for the reply: max_tokens, at most a quarter of the context."""
+    return min(max_tokens if max_tokens >= 0 else n_ctx, n_ctx // 4)
 
-    def piece(self, token: int) -> bytes: ...
 
-
-def run(engine: Engine, vocab: Vocabulary, prompt: List[int], config: GenerationConfig,
-        strategy: str = "plain") -> Iterator[Chunk]:
-    """One generation on ``engine``: chunks of text as the target accepts them, the last one
-    carrying the Result. A stop (end of generation, a stop string) inside a step keeps the
-    tokens before it and cuts the rest, in the text, the caches and the statistics; chunk
-    tokens add up to the result's (one chunk per step, its text empty while a partial stop
-    string is held back)."""
-    stats = Stats(strategy=strategy)
-    t0 = time.perf_counter()
-    stats.n_prompt_eval = engine.prefill(prompt)
-    stats.n_prompt, stats.t_prompt = len(prompt), time.perf_counter() - t0
-    seed = config.sampling.seed if config.sampling.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-    stats.seed = seed
-    rng = np.random.default_rng(seed)
-    text = TextStream(config.stop)
-    out: List[int] = []
-    stop_reason = "length"
-    max_new = config.max_tokens if config.max_tokens >= 0 else engine.target.n_ctx
-    contexts = engine.contexts()
-    busy0 = sum(c.t_llama for c in contexts)
-    t0 = time.perf_counter()
-    steps = engine.steps(config.sampling, rng, max_new, Uniforms(seed))
+def _utf8(text: str, what: str) -> str:
+    """``text``, or PromptError when it cannot be UTF-8 (undecodable bytes, read as surrogates)."""
     try:
-        for step in steps:
-            piece, kept, taken = "", 0, []
-            for token in step.tokens:
-                kept += 1
-                if vocab.is_eog(token):
-                    stop_reason = "stop"
-                    break
-                out.append(token)
-                taken.append(token)
-                piece += text.push(vocab.piece(token))
-                if text.stopped:
-                    stop_reason = "stop"
-                    break
-            stats.record_step(step, kept)
-            if kept < len(step.tokens):  # drop what the step accepted past the stop
-                engine.rewind(len(engine.tokens) - len(step.tokens) + kept)
-            yield Chunk(piece, taken, min(step.n_accepted, len(taken)))
-            if stop_reason == "stop":
-                break
-    finally:
-        steps.close()
-        stats.t_decode = time.perf_counter() - t0
-        stats.t_llama = sum(c.t_llama for c in contexts) - busy0
-        engine.finish()
-    tail = text.flush()
-    yield Chunk(tail, [], 0, Result(text.text, out, stop_reason, stats))
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PromptError(f"{what} is not valid UTF-8 text") from None
+    return text
 
 
-_SAMPLING = SamplingConfig()
-
-
-def make_config(max_tokens: int = GenerationConfig.max_tokens, stop: Union[str, Sequence[str]] = (),
-                temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
-                top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
-                seed: Optional[int] = None) -> GenerationConfig:
-    """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated)."""
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling)
-
-
-def _last(chunks: Iterator[Chunk]) -> Result:
-    result = None
-    for chunk in chunks:
-        result = chunk.result
-    assert result is not None
-    return result
+def _warn_about(*configs: Optional[ModelConfig]) -> None:
+    cores = os.cpu_count() or 1
+    for cfg in configs:
+        if cfg is None:
+            continue
+        if cfg.threads > cores:
+            warnings.warn(f"{cfg.threads} threads on {cores} cores: llama.cpp runs slower with more threads than "
+                          f"cores", LlamaspecWarning, stacklevel=3)
+        if cfg.n_gpu_layers != 0 and not supports_gpu_offload():
+            warnings.warn("this llama-cpp-python was built without GPU support: the GPU layers are ignored "
+                          "(rebuild it with CMAKE_ARGS, see the README)", LlamaspecWarning, stacklevel=3)
 
 
 def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup: Union[bool, LookupConfig] = False,

@@ -6,28 +6,32 @@ stderr and a non-zero exit code.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import click
 
 from . import costs, models
 from ._llama import Model
 from .acceptance_model import AcceptanceModel
-from .api import LlamaSpec, Result, make_config
+from .api import LlamaSpec
 from .bench import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
-from .chat import new_messages
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig, default_threads)
 from .costs import CostCurve, CostModel, cached_curve
-from .errors import LlamaspecError
+from .errors import LlamaspecError, LlamaspecWarning
+from .generation import Result, make_config
 from .lookup import LookupSource
 from .ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
 from .planner import Planner
+from .repl import run_chat
 from .replay import copy_oracle, replay
 from .speculator import Speculator
 
@@ -37,6 +41,8 @@ class _OneLineErrors(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
+        warnings.simplefilter("default", LlamaspecWarning)
+        warnings.showwarning = _show_warning
         try:
             code = super().main(*args, **kwargs)
         except click.exceptions.Abort:
@@ -52,6 +58,10 @@ class _OneLineErrors(click.Group):
             click.echo("error: interrupted", err=True)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    click.echo(f"warning: {message}", err=True)
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,7 +99,8 @@ MODEL_OPTIONS = {
     "top_p": click.option("--top-p", type=float, default=_SAMPLING.top_p, show_default=True,
                           help="Top-p in (0, 1] (1: off)."),
     "min_p": click.option("--min-p", type=float, default=_SAMPLING.min_p, show_default=True, help="Min-p (0: off)."),
-    "seed": click.option("--seed", type=int, default=None, help="Random seed, for reproducible sampling."),
+    "seed": click.option("--seed", type=int, default=None,
+                         help="Random seed, for reproducible sampling (-1 or none: a random one, reported)."),
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
     "spec": click.option("--spec", default=None,
                          help="Draft sources: auto (every one the models and files allow), none (plain decoding) "
@@ -187,6 +198,7 @@ def _str(path: Optional[Path]) -> Optional[str]:
 def _generation_options(o: dict) -> dict:
     keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "seed")
     opts = {k: o[k] for k in keys}
+    opts["stop"] = tuple(_utf8_option(s, "a --stop string") for s in opts["stop"])
     make_config(**opts)  # validate before loading any model
     return opts
 
@@ -197,10 +209,27 @@ def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
     if file is not None:
         return _read(file, "prompt file ")
     if prompt is not None:
-        return prompt
+        return _utf8_option(prompt, "the prompt (-p)")
     if sys.stdin is None or sys.stdin.isatty():
         raise click.UsageError("no prompt: give -p TEXT, -f FILE or pipe it on stdin")
-    return sys.stdin.read()
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return _decode(data, "stdin")
+
+
+def _utf8_option(value: str, what: str) -> str:
+    """A command-line value, unless its bytes were not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.UsageError(f"{what} is not valid UTF-8 text") from None
+    return value
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 @cli.command()
@@ -211,25 +240,54 @@ def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text and stats.")
 def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json: bool, **o: Any) -> None:
     """Generate from one prompt (-p, -f or stdin), speculating with every draft source the models
-    allow (--spec auto); --spec none decodes plainly."""
+    allow (--spec auto); --spec none decodes plainly. SIGINT or SIGTERM ends it early with what
+    was generated (--json: the partial result, stop reason "interrupted"), exit code 130 or 143."""
     text = _read_prompt(prompt, file)
     gen = _generation_options(o)
     if not text.strip():
         raise click.UsageError("the prompt is empty")
-    with _load(o, default_draft=False) as spec:
+    signal_code = 0
+    with _load(o, default_draft=False) as spec, _terminate_as_interrupt():
         chunks = (spec.chat_stream([{"role": "user", "content": text}], **gen) if as_chat
                   else spec.stream(text, **gen))
-        result = None
-        for chunk in chunks:
-            if not as_json:
-                click.echo(chunk.text, nl=False)
-            result = chunk.result
+        try:
+            for chunk in chunks:
+                if not as_json:
+                    click.echo(chunk.text, nl=False)
+        except (KeyboardInterrupt, _Terminated) as e:
+            chunks.close()
+            signal_code = 143 if isinstance(e, _Terminated) else 130
+        result = chunks.result
     assert result is not None
     if as_json:
         click.echo(json.dumps(_result_json(result)))
     else:
         click.echo()
         click.echo(result.stats.summary(), err=True)
+    for warning in result.warnings:  # the text is out; what failed after it still fails the command
+        click.echo(f"error: {warning}", err=True)
+    if signal_code or result.warnings:
+        sys.exit(signal_code or 1)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises _Terminated (as Ctrl-C raises KeyboardInterrupt)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _result_json(result: Result) -> dict:
@@ -242,73 +300,16 @@ def _result_json(result: Result) -> dict:
 @click.option("--system", default="", help="System message.")
 @click.option("--no-stats", is_flag=True, help="Hide the one-line summary after each reply.")
 def chat(system: str, no_stats: bool, **o: Any) -> None:
-    """Interactive chat. Commands: /reset, /stats, /exit. Ctrl-C stops a reply.
+    """Interactive chat: line editing and history, /help for the commands, Ctrl-C stops a reply,
+    Ctrl-D quits. Conversations longer than the context lose their oldest turns (it says so).
 
     With no --model it uses the default pair from models.txt (fetched on first use).
     """
     gen = _generation_options(o)
+    system = _utf8_option(system, "--system")
     with _load(o, default_draft=True) as spec:
         spec.format_chat([{"role": "user", "content": "hi"}])  # no template: fail now, not at the first turn
-        messages = new_messages(system)
-        last: Optional[Result] = None
-        click.echo(f"llamaspec chat: {spec.model.path.name}"
-                   + (f" + draft {spec.draft_model.path.name}" if spec.draft_model else "")
-                   + ". /reset, /stats, /exit; Ctrl-C stops a reply.", err=True)
-        while True:
-            try:
-                line = input("> ")
-            except (EOFError, KeyboardInterrupt):
-                click.echo(err=True)
-                return
-            command = line.strip()
-            if command in ("/exit", "/quit"):
-                return
-            if command == "/reset":
-                messages = new_messages(system)
-                spec.reset()
-                click.echo("(conversation cleared)", err=True)
-                continue
-            if command == "/stats":
-                click.echo(_stats_report(last) if last else "(no reply yet)", err=True)
-                continue
-            if not command:
-                continue
-            messages.append({"role": "user", "content": line})
-            reply, last = _chat_turn(spec, messages, gen)
-            messages.append({"role": "assistant", "content": reply})
-            if last and not no_stats:
-                click.echo(click.style(last.stats.summary(), dim=True), err=True)
-
-
-def _chat_turn(spec: LlamaSpec, messages: List[dict], gen: dict) -> tuple:
-    """Stream one reply; Ctrl-C ends it early and keeps what was said."""
-    shown: List[str] = []
-    result = None
-    chunks = spec.chat_stream(messages, **gen)
-    try:
-        for chunk in chunks:
-            click.echo(chunk.text, nl=False)
-            shown.append(chunk.text)
-            result = chunk.result
-    except KeyboardInterrupt:
-        chunks.close()
-        click.echo(" [stopped]", nl=False)
-    click.echo()
-    return (result.text if result else "".join(shown)), result
-
-
-def _stats_report(result: Result) -> str:
-    s = result.stats
-    lines = [s.summary(), f"stop reason: {result.stop_reason}, target calls: {s.n_target_calls}, "
-             f"prompt {s.t_prompt:.2f} s, decode {s.t_decode:.2f} s (planning {s.t_plan:.2f} s, "
-             f"of which drafting {s.t_draft:.2f} s)"]
-    for name, src in sorted(s.sources.items()):
-        lines.append(f"{name}: {src.drafted} tokens verified in {src.steps} steps, {src.accepted} accepted")
-    lines += [why for _, why in sorted(s.idle.items())]
-    if s.drafted_by_pos:
-        by_pos = " ".join(f"{a}/{d}" for a, d in zip(s.accepted_by_pos, s.drafted_by_pos))
-        lines.append(f"accepted/verified by depth: {by_pos}")
-    return "\n".join(lines)
+        run_chat(spec, gen, system, show_stats=not no_stats)
 
 
 @cli.group("models")
@@ -562,9 +563,10 @@ def compare_command(prompt: Optional[str], file: Optional[Path], prompt_name: st
 
 def _read(path: Path, what: str = "") -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as e:
         raise click.UsageError(f"cannot read {what}{path}: {e.strerror}") from None
+    return _decode(data, f"{what}{path}")
 
 
 def main() -> None:

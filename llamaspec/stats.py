@@ -30,7 +30,8 @@ class Stats:
     """
 
     strategy: str = "plain"
-    seed: Optional[int] = None  # the seed the sampling used (drawn at random when none was given)
+    seed: Optional[int] = None  # the seed sampling used (drawn at random when none was given); None when greedy
+    stop_reason: str = ""  # as Result.stop_reason
     n_prompt: int = 0  # prompt tokens
     n_prompt_eval: int = 0  # of those, evaluated now (the rest were reused from the KV cache)
     t_prompt: float = 0.0
@@ -121,4 +122,8 @@ class Stats:
             line += f", n_drafted = {self.n_drafted}, n_accept = {self.n_accept}, accept = {self.accept:.1f}%"
         if self.sources:
             line += " (" + ", ".join(f"{name} {s.accepted}/{s.drafted}" for name, s in sorted(self.sources.items())) + ")"
+        if self.seed is not None:
+            line += f", seed {self.seed}"
+        if self.stop_reason in ("context", "interrupted"):
+            line += ", stopped: " + ("the context is full" if self.stop_reason == "context" else "interrupted")
         return line

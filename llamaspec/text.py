@@ -21,6 +21,11 @@ class TextStream:
         self._emitted = 0
         self.stopped = False
 
+    @property
+    def released(self) -> str:
+        """The text pushed so far that can no longer turn out to be part of a stop string."""
+        return self.text[:self._emitted]
+
     def push(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that became safe to show."""
         if self.stopped:

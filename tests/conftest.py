@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import llamaspec
 from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
-from llamaspec._llama import Context, Model
+from llamaspec._llama import Context, Model, ModelPool
 from llamaspec.cli import cli
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
@@ -51,66 +51,86 @@ def model_file():
     return get
 
 
-def _spec(model_file, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
+@pytest.fixture(scope="session")
+def pool() -> ModelPool:
+    """Every model file is mapped once for the whole suite, whatever uses it."""
+    return ModelPool()
+
+
+def _spec(model_file, pool, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
           lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), **draft_cfg) -> LlamaSpec:
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
     return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
-                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)))
+                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool)
 
 
-@pytest.fixture(scope="session")
-def make_spec(model_file):
+def _factory(model_file, pool):
     made: List[LlamaSpec] = []
 
     def make(target: str, draft: str = None, n_ctx: int = 2048, **options) -> LlamaSpec:
-        spec = _spec(model_file, target, draft, n_ctx, **options)
+        spec = _spec(model_file, pool, target, draft, n_ctx, **options)
         made.append(spec)
         return spec
+    return make, made
 
+
+@pytest.fixture
+def make_spec(model_file, pool):
+    """LlamaSpecs for one test, closed after it."""
+    make, made = _factory(model_file, pool)
     yield make
     for spec in made:
         spec.close()
 
 
-@pytest.fixture(scope="session")
-def qwen_plain(make_spec) -> LlamaSpec:
-    return make_spec(QWEN, spec="none")
+@pytest.fixture(scope="module")
+def module_spec(model_file, pool):
+    """LlamaSpecs for one test module, closed after it: the suite holds few at a time."""
+    make, made = _factory(model_file, pool)
+    yield make
+    for spec in made:
+        spec.close()
 
 
-@pytest.fixture(scope="session")
-def qwen_pair(make_spec) -> LlamaSpec:
+@pytest.fixture(scope="module")
+def qwen_plain(module_spec) -> LlamaSpec:
+    return module_spec(QWEN, spec="none")
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(module_spec) -> LlamaSpec:
     """The draft model verified every step (as llama-speculative-simple does), so that its path runs
     on a CPU where the planner would leave it idle."""
-    return make_spec(QWEN, QWEN_DRAFT, spec="draft", fixed=("draft",), draft_max=8, draft_p_min=0.5)
+    return module_spec(QWEN, QWEN_DRAFT, spec="draft", fixed=("draft",), draft_max=8, draft_p_min=0.5)
 
 
-@pytest.fixture(scope="session")
-def qwen_auto(make_spec) -> LlamaSpec:
+@pytest.fixture(scope="module")
+def qwen_auto(module_spec) -> LlamaSpec:
     """What `llamaspec chat` runs: every source, the draft model included."""
-    return make_spec(QWEN, QWEN_DRAFT)
+    return module_spec(QWEN, QWEN_DRAFT)
 
 
-@pytest.fixture(scope="session")
-def smol_plain(make_spec) -> LlamaSpec:
-    return make_spec(SMOL, spec="none")
+@pytest.fixture(scope="module")
+def smol_plain(module_spec) -> LlamaSpec:
+    return module_spec(SMOL, spec="none")
 
 
-@pytest.fixture(scope="session")
-def smol_self(make_spec) -> LlamaSpec:
-    return make_spec(SMOL, SMOL, spec="draft", fixed=("draft",), draft_max=6, draft_p_min=0.0)
+@pytest.fixture(scope="module")
+def smol_self(module_spec) -> LlamaSpec:
+    return module_spec(SMOL, SMOL, spec="draft", fixed=("draft",), draft_max=6, draft_p_min=0.0)
 
 
-@pytest.fixture(scope="session")
-def smol_auto(make_spec) -> LlamaSpec:
-    return make_spec(SMOL)
+@pytest.fixture(scope="module")
+def smol_auto(module_spec) -> LlamaSpec:
+    return module_spec(SMOL)
 
 
 class Reference:
     """A model evaluated one token at a time: what plain greedy decoding would choose next."""
 
-    def __init__(self, path: Path) -> None:
-        self.model = Model(path)
+    def __init__(self, model: Model) -> None:
+        self.model = model
         self.ctx = Context(self.model, 2048, THREADS)
 
     def top2(self, prompt: List[int], continuation: List[int]) -> Tuple[np.ndarray, np.ndarray]:
@@ -127,15 +147,18 @@ class Reference:
         return np.array(argmax), np.array(gap)
 
 
-@pytest.fixture(scope="session")
-def reference(model_file):
+@pytest.fixture(scope="module")
+def reference(model_file, pool):
     cache = {}
 
     def get(name: str) -> Reference:
         if name not in cache:
-            cache[name] = Reference(model_file(name))
+            cache[name] = Reference(pool.get(model_file(name)))
         return cache[name]
-    return get
+    yield get
+    for ref in cache.values():
+        ref.ctx.close()
+        pool.release(ref.model)
 
 
 @pytest.fixture(scope="session")
@@ -155,3 +178,14 @@ def assert_one_line_error(result, fragment):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0], lines[0]
     assert "Traceback" not in result.output
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The peak resident memory of the test process, for CI's log (the suite must stay under 8 GB)."""
+    try:
+        with open("/proc/self/status") as f:
+            peak_kb = int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+    except (OSError, StopIteration):
+        import resource
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    terminalreporter.write_line(f"peak resident memory of the test process: {peak_kb / 2**20:.1f} GB")

@@ -73,12 +73,12 @@ def bad_files(tmp_path_factory, smol):
     (["-m", "BAD/text.gguf", "-p", "hi"], "not a GGUF file"),
     (["-m", "BAD/cut.gguf", "-p", "hi"], "truncated"),
     (["-m", "no-such-model", "-p", "hi"], "unknown model 'no-such-model'"),
-    (["-m", "SMOL", "-c", "32", "-p", "word " * 400], "context holds 256"),
+    (["-m", "SMOL", "-c", "256", "-p", "word " * 400], "context holds 256"),
     (["-m", "SMOL", "-p", ""], "prompt is empty"),
     (["-m", "SMOL", "-p", "   "], "prompt is empty"),
     (["-m", "SMOL", "-f", "/nonexistent/prompt.txt"], "cannot read prompt file"),
     (["-m", "SMOL", "-p", "hi", "--draft-max", "0"], "draft-max must be >= 1"),
-    (["-m", "SMOL", "-p", "hi", "--temp", "-1"], "temperature must be >= 0"),
+    (["-m", "SMOL", "-p", "hi", "--temp", "-1"], "temperature must be a finite number >= 0"),
     (["-m", "SMOL", "-p", "hi", "--top-p", "0"], "top-p must be in (0, 1]"),
     (["-m", "SMOL", "-p", "hi", "--top-p", "1.5"], "top-p must be in (0, 1]"),
     (["-m", "SMOL", "-p", "hi", "--temp", "abc"], "abc"),
@@ -110,10 +110,17 @@ def console_script():
     return exe
 
 
-def test_installed_console_script(smol):
+def test_installed_console_script(smol, tmp_path):
     exe = console_script()
     bad = subprocess.run([exe, "generate", "-m", "no-such-model", "-p", "hi"], capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: unknown model")
+    for args, fragment in [(["-p", b"caf\xe9"], "the prompt (-p) is not valid UTF-8 text"),
+                           (["-n", "-5"], "must be >= -1"), (["--seed", "-7"], "seed must be >= 0"),
+                           (["--lookup-cache-dynamic", str(tmp_path / "no" / "dyn.bin")], "no directory")]:
+        one = subprocess.run([exe, "generate", "-m", smol, *([] if "-p" in args else ["-p", "hi"]), *args],
+                             capture_output=True)
+        err = one.stderr.decode()
+        assert one.returncode != 0 and err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
     good = subprocess.run([exe, "generate", "-m", smol, "-p", chatml("Say hello."), "-n", "6", "--temp", "0"],
                           capture_output=True, text=True)
     assert good.returncode == 0, good.stderr

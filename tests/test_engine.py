@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.acceptance_model import AcceptanceModel
-from llamaspec.api import make_config, run
+from llamaspec.generation import Stream, make_config
 from llamaspec.candidates import Budget, Candidate, Outcome, Proposal
 from llamaspec.config import SamplingConfig
 from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
@@ -89,7 +89,7 @@ def engine(sources, curve=CostCurve.flat(), **ctx_options):
 
 
 def generate(eng, prompt, **options):
-    chunks = list(run(eng, FakeModel(), list(prompt), make_config(**options)))
+    chunks = list(Stream(eng, FakeModel(), list(prompt), make_config(**options)))
     return chunks, chunks[-1].result
 
 
@@ -140,11 +140,11 @@ def test_max_tokens_clips_a_longer_draft():
     check_kv(ctx, eng.tokens)
 
 
-def test_the_context_edge_stops_with_length_and_never_overflows():
+def test_the_context_edge_stops_with_its_own_reason_and_never_overflows():
     eng, ctx = engine([LookupSource(), Oracle(k=10)], n_ctx=64)
     prompt = fake_prompt(40)
     chunks, result = generate(eng, prompt, max_tokens=-1, temperature=0)
-    assert result.stop_reason == "length"
+    assert result.stop_reason == "context" and "stopped: the context is full" in result.stats.summary()
     assert len(prompt) + len(result.tokens) == 64 + 1  # the last token is emitted, never evaluated
     check_kv(ctx, eng.tokens)
 
@@ -315,5 +315,5 @@ def test_a_seed_gives_plain_sampling_s_text_whatever_deterministic_candidates_we
     eng, ctx = engine([LookupSource(), Oracle(k=6)], sharp=False)
     _, first = generate(eng, prompt, **options)
     _, again = generate(eng, prompt, **options)  # the sources learned in between
-    assert first.tokens == plain.tokens == again.tokens and first.stats.seed == 7
+    assert first.tokens == plain.tokens == again.tokens and first.stats.seed == 7 and ", seed 7" in first.stats.summary()
     assert first.stats.n_accept > 0

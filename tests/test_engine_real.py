@@ -87,19 +87,18 @@ def test_stop_string_cuts_text_and_streams_no_partial_stop(smol_self):
     assert_kv_invariant(smol_self)
 
 
-def test_full_context_stops_with_length(make_spec):
-    spec = make_spec(SMOL, SMOL, n_ctx=64, spec="lookup,draft", fixed=("draft",), draft_max=4, draft_p_min=0.0)
+def test_full_context_stops_with_its_own_reason(make_spec):
+    spec = make_spec(SMOL, SMOL, n_ctx=256, spec="lookup,draft", fixed=("draft",), draft_max=4, draft_p_min=0.0)
     prompt = spec.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,")
     result = spec.generate(prompt, max_tokens=-1, temperature=0)
-    assert result.stop_reason == "length"
-    n_ctx = spec.ctx.n_ctx  # llama.cpp rounds the size up (to 256 here)
-    assert n_ctx < 300
-    assert len(prompt) + len(result.tokens) == n_ctx + 1  # the last token is emitted, never evaluated
+    assert result.stop_reason == "context" and spec.ctx.n_ctx == 256
+    assert len(prompt) + len(result.tokens) == 256 + 1  # the last token is emitted, never evaluated
+    assert spec.generate(prompt, max_tokens=8, temperature=0).stop_reason == "length"
     assert_kv_invariant(spec)
 
 
 def test_prompt_errors(make_spec, smol_self):
-    spec = make_spec(SMOL, n_ctx=32)
+    spec = make_spec(SMOL, n_ctx=256)
     with pytest.raises(PromptError, match=f"context holds {spec.ctx.n_ctx}"):
         spec.generate("word " * 400)
     with pytest.raises(PromptError, match="empty"):

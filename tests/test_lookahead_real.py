@@ -24,13 +24,13 @@ FIXED = LookaheadConfig(w=4, n=4, g=3)
 
 
 @pytest.fixture(scope="module")
-def smol_fixed(make_spec):
-    return make_spec(SMOL, spec="lookahead", fixed=("lookahead",), lookahead=FIXED)
+def smol_fixed(module_spec):
+    return module_spec(SMOL, spec="lookahead", fixed=("lookahead",), lookahead=FIXED)
 
 
 @pytest.fixture(scope="module")
-def qwen_lookahead(make_spec):
-    return make_spec(QWEN, spec="lookahead")
+def qwen_lookahead(module_spec):
+    return module_spec(QWEN, spec="lookahead")
 
 
 def assert_only_sequence_zero(spec):
@@ -130,7 +130,7 @@ def test_parameters_that_cannot_fit_are_refused_before_loading(tmp_path):
     missing = str(tmp_path / "not-loaded.gguf")  # never opened: the check comes first
     fixed = SpecConfig(frozenset({"lookahead"}), frozenset({"lookahead"}))
     with pytest.raises(ConfigError, match="more than half"):
-        LlamaSpec(ModelConfig(missing, n_ctx=64), lookahead=LookaheadConfig(15, 5, 15), spec=fixed, progress=False)
+        LlamaSpec(ModelConfig(missing, n_ctx=256), lookahead=LookaheadConfig(15, 5, 20), spec=fixed, progress=False)
     with pytest.raises(ConfigError, match="llama.cpp allows at most"):
         LlamaSpec(ModelConfig(missing, n_ctx=65536, n_batch=4096), lookahead=LookaheadConfig(250, 2, 10),
                   progress=False)
@@ -147,6 +147,6 @@ def test_cli_lookahead(model_file):
     assert "lookahead: 24 tokens" in out.stderr and "(lookahead " in out.stderr
     bad = runner.invoke(cli, args + ["--lookahead", "--lookahead-n", "1"])
     assert bad.exit_code != 0 and bad.stderr.strip() == "error: lookahead N must be >= 2, got 1"
-    too_big = runner.invoke(cli, args + ["--lookahead", "-c", "64", "--lookahead-w", "15", "--lookahead-fixed"])
+    too_big = runner.invoke(cli, args + ["--lookahead", "-c", "256", "--lookahead-w", "40", "--lookahead-fixed"])
     assert too_big.exit_code != 0 and len(too_big.stderr.strip().splitlines()) == 1
     assert "raise the context size" in too_big.stderr

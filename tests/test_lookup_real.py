@@ -24,8 +24,8 @@ OPEN_CHAT = (DATA / "open_chat.txt").read_text()
 
 
 @pytest.fixture(scope="module")
-def qwen_lookup(make_spec):
-    return make_spec(QWEN, spec="lookup")
+def qwen_lookup(module_spec):
+    return module_spec(QWEN, spec="lookup")
 
 
 def check_stats(stats: Stats, n_tokens: int):

