@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Sequence, Union
 
 from ._llama import Context, Model, ModelPool, supports_gpu_offload
 from .chat import ChatTemplate, Message, fit
-from . import models
+from . import completions, models
 from .acceptance_model import AcceptanceModel
 from .candidates import Source
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
@@ -34,7 +34,7 @@ Prompt = Union[str, Sequence[int]]
 class LlamaSpec:
     """A target model, optionally a draft model, their KV caches and the draft sources.
 
-    ``spec`` chooses the sources (default auto: every one the loaded models and files allow);
+    ``spec`` chooses the sources (a SpecConfig or its text, as ``--spec`` takes it; default auto: every one the loaded models and files allow);
     ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup and
     lookahead may copy from. The caches persist between calls: a prompt that extends the
     previous one (the next turn of a chat) evaluates only its new tokens. LlamaSpecs given the
@@ -44,12 +44,13 @@ class LlamaSpec:
     def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
                  progress: bool = True, lookup: LookupConfig = LookupConfig(), references: Sequence[str] = (),
-                 lookahead: LookaheadConfig = LookaheadConfig(), spec: SpecConfig = SpecConfig(),
+                 lookahead: LookaheadConfig = LookaheadConfig(), spec: Union[SpecConfig, str] = SpecConfig(),
                  pool: Optional[ModelPool] = None) -> None:
         self.target_config, self.draft_config = target, draft_config
         self._lock = threading.RLock()
         self._active: Optional[Stream] = None
         self._closed = False
+        spec = SpecConfig.parse(spec) if isinstance(spec, str) else spec
         names = spec.resolve(draft is not None, bool(lookup.cache_static or lookup.cache_dynamic))
         if references and not names & {"lookup", "lookahead"}:
             raise ConfigError("references are read by the lookup and lookahead sources; --spec excludes both")
@@ -176,6 +177,25 @@ class LlamaSpec:
             self._active.close("this stream was closed: another generation started on the same LlamaSpec")
         self._active = Stream(self.engine, self.model, tokens, config, self.spec_name, self._lock, dropped_turns)
         return self._active
+
+    # --- llama-cpp-python's completion methods ----------------------------------------------
+    def create_completion(self, prompt: Prompt, **kwargs: Any) -> Any:
+        """``llama_cpp.Llama.create_completion``: a dict, or an iterator of chunk dicts with
+        ``stream=True`` (see ``completions.py``)."""
+        with self._lock:
+            return completions.create_completion(self, prompt if isinstance(prompt, str) else list(prompt), **kwargs)
+
+    def create_chat_completion(self, messages: Sequence[Message], **kwargs: Any) -> Any:
+        """``llama_cpp.Llama.create_chat_completion``: a dict, or an iterator of chunk dicts with
+        ``stream=True`` (see ``completions.py``)."""
+        with self._lock:
+            return completions.create_chat_completion(self, messages, **kwargs)
+
+    @property
+    def model_name(self) -> str:
+        """The target's name: its models.txt name when it was loaded by name, else its file name."""
+        given = str(self.target_config.path)
+        return given if given in models.load_registry() else Path(given).name
 
     def reset(self) -> None:
         """Forget the conversation and what speculation learned from it: every KV cache, the

@@ -312,6 +312,26 @@ def chat(system: str, no_stats: bool, **o: Any) -> None:
         run_chat(spec, gen, system, show_stats=not no_stats)
 
 
+@cli.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; think of --api-key).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
+@click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY) on every /v1 request.")
+@click.option("--queue", type=click.IntRange(0), default=16, show_default=True,
+              help="Requests that may wait while one is served; more get 503 at once.")
+def serve(host: str, port: int, api_key: Optional[str], queue: int, **o: Any) -> None:
+    """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
+    speculation as generate and chat. Needs: pip install 'llamaspec[server]'."""
+    from .server import check_address, require_server, serve as run_server
+    require_server()  # before loading any model
+    check_address(host, port)
+    with _load(o, default_draft=False) as spec:
+        click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}) on http://{host}:{port}/v1; "
+                   f"Ctrl-C stops", err=True)
+        run_server(spec, host, port, queue, api_key)
+
+
 @cli.group("models")
 def models_group() -> None:
     """The models named in models.txt: list, fetch, path."""

@@ -1,0 +1,169 @@
+"""llama-cpp-python's completion methods for a LlamaSpec: the same names, arguments and return
+values (OpenAI's shapes: dicts, or iterators of chunk dicts with ``stream=True``), so a script
+written for ``llama_cpp.Llama`` switches with one line. ``llamaspec serve`` is a thin layer over
+them.
+
+Arguments that would change what the target says (penalties, grammars, logit biases, mirostat,
+typical-p, tail-free sampling) or that llamaspec does not produce (log-probabilities, echo,
+suffixes, tools) raise ConfigError when set to anything but their neutral value. Responses also
+carry llama-server's ``timings`` object.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from .errors import ConfigError
+from .generation import Result, Stream
+
+Response = Dict[str, Any]
+
+
+def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional[str] = None,
+                      max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
+                      min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None, echo: bool = False,
+                      stop: Optional[Union[str, List[str]]] = None, frequency_penalty: float = 0.0,
+                      presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                      stream: bool = False, seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                      mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
+                      stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
+                      logit_bias: Optional[Dict[str, float]] = None) -> Union[Response, Iterator[Response]]:
+    """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
+    ``llama_cpp.Llama.create_completion`` returns it."""
+    refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
+           frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
+           repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
+           stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None,
+           grammar=grammar is not None, logit_bias=bool(logit_bias))
+    chunks = spec.stream(prompt, **options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model or spec.model_name}
+    if stream:
+        return _completion_chunks(chunks, head)
+    result = _finish(chunks)
+    return {**head, "choices": [{"text": result.text, "index": 0, "logprobs": None,
+                                 "finish_reason": finish_reason(result)}],
+            "usage": usage(result), "timings": timings(result)}
+
+
+def _completion_chunks(chunks: Stream, head: Response) -> Iterator[Response]:
+    try:
+        for chunk in chunks:
+            if chunk.result is not None:
+                r = chunk.result
+                yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
+                                            "finish_reason": finish_reason(r)}], "usage": usage(r), "timings": timings(r)}
+            elif chunk.text:
+                yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None, "finish_reason": None}]}
+    finally:
+        chunks.close()  # a reader that stops early stops the generation
+
+
+def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functions: Any = None,
+                           function_call: Any = None, tools: Any = None, tool_choice: Any = None,
+                           temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                           typical_p: float = 1.0, stream: bool = False, stop: Optional[Union[str, List[str]]] = None,
+                           seed: Optional[int] = None, response_format: Any = None, max_tokens: Optional[int] = None,
+                           presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                           tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                           mirostat_eta: float = 0.1, model: Optional[str] = None, logits_processor: Any = None,
+                           grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
+                           logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
+                           trim: bool = False) -> Union[Response, Iterator[Response]]:
+    """A reply to chat messages, rendered with the model's own chat template, as
+    ``llama_cpp.Llama.create_chat_completion`` returns it. A conversation longer than the
+    context raises PromptError, unless ``trim`` leaves its oldest turns out."""
+    plain = response_format is not None and dict(response_format).get("type", "text") != "text"
+    refuse(functions=functions is not None, function_call=function_call is not None, tools=bool(tools),
+           tool_choice=tool_choice is not None, typical_p=typical_p != 1.0, response_format=plain,
+           frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
+           repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
+           logits_processor=logits_processor is not None, grammar=grammar is not None, logit_bias=bool(logit_bias),
+           logprobs=bool(logprobs), top_logprobs=top_logprobs is not None)
+    chunks = spec.chat_stream([_text_message(m) for m in messages], trim=trim,
+                              **options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
+    if stream:
+        return _chat_chunks(chunks, head)
+    result = _finish(chunks)
+    return {**head, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
+                         "finish_reason": finish_reason(result)}],
+            "usage": usage(result), "timings": timings(result)}
+
+
+def _chat_chunks(chunks: Stream, head: Response) -> Iterator[Response]:
+    head = {**head, "object": "chat.completion.chunk"}
+    try:
+        yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}]}
+        for chunk in chunks:
+            if chunk.text:
+                yield {**head, "choices": [{"index": 0, "delta": {"content": chunk.text}, "logprobs": None,
+                                            "finish_reason": None}]}
+            if chunk.result is not None:
+                r = chunk.result
+                yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                            "finish_reason": finish_reason(r)}], "usage": usage(r), "timings": timings(r)}
+    finally:
+        chunks.close()  # a reader that stops early stops the generation
+
+
+def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
+    """A message whose content is text, or a list of text parts (OpenAI's content parts)."""
+    if not isinstance(message, dict) or "role" not in message:
+        raise ConfigError(f"a message needs a role: {message!r}")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ConfigError("only text content parts are supported")
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise ConfigError(f"a message's content must be text, got {type(content).__name__}")
+    return {"role": str(message["role"]), "content": content}
+
+
+def options(max_tokens: Optional[int], temperature: float, top_p: float, min_p: float, top_k: int,
+            stop: Optional[Union[str, List[str]]], seed: Optional[int]) -> Dict[str, Any]:
+    """llama-cpp-python's arguments as llamaspec's generation options (max_tokens None or <= 0:
+    until a stop or the end of the context)."""
+    return {"max_tokens": -1 if max_tokens is None or max_tokens <= 0 else max_tokens, "temperature": temperature,
+            "top_p": top_p, "min_p": min_p, "top_k": top_k, "stop": [stop] if isinstance(stop, str) else (stop or []),
+            "seed": seed}
+
+
+def refuse(**unsupported: bool) -> None:
+    """ConfigError naming the first argument set that llamaspec does not support."""
+    for name, is_set in unsupported.items():
+        if is_set:
+            raise ConfigError(f"{name} is not supported: llamaspec generates the target's own text, unchanged")
+
+
+def _finish(chunks: Stream) -> Result:
+    for _ in chunks:
+        pass
+    assert chunks.result is not None
+    return chunks.result
+
+
+def finish_reason(result: Result) -> str:
+    return "stop" if result.stop_reason == "stop" else "length"
+
+
+def usage(result: Result) -> Dict[str, int]:
+    prompt, completion = result.stats.n_prompt, len(result.tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def timings(result: Result) -> Dict[str, float]:
+    """llama-server's figures: prompt tokens evaluated now, generated tokens, drafted and accepted."""
+    s = result.stats
+    return {"prompt_n": s.n_prompt_eval, "prompt_ms": 1000 * s.t_prompt, "prompt_per_second": s.prompt_tps,
+            "predicted_n": s.n_predict, "predicted_ms": 1000 * s.t_decode, "predicted_per_second": s.decode_tps,
+            "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept}

@@ -1,0 +1,284 @@
+"""The OpenAI-compatible HTTP API over one LlamaSpec: routes, the request queue, errors.
+
+The engine decodes one sequence at a time, so requests take turns in arrival order: one runs,
+at most ``queue`` wait, and any further one gets 503 at once. A request whose prompt extends the
+previous conversation reuses the KV caches (the LlamaSpec keeps them). Streams are server-sent
+events as OpenAI sends them; a client that disconnects mid-stream closes its generation at once.
+Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (``errors`` below
+maps exceptions to status codes in one place); the server never answers bad input with a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchError
+from .schemas import ChatRequest, CompletionRequest
+
+log = logging.getLogger("llamaspec.server")
+
+
+class Busy(Exception):
+    """The queue is full."""
+
+
+class Queue:
+    """Requests take turns in arrival order (asyncio.Lock serves its waiters first come, first
+    served); at most ``size`` wait."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.waiting = 0
+        self._turn = asyncio.Lock()
+
+    def admit(self) -> "Turn":
+        if self.waiting >= self.size:
+            raise Busy(f"{self.waiting} requests are waiting already; try again later")
+        self.waiting += 1
+        return Turn(self)
+
+
+class Turn:
+    """One request's place in the queue: ``await start()``, then ``end()``, exactly once each."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.started = self.ended = False
+
+    async def start(self) -> None:
+        try:
+            await self.queue._turn.acquire()
+        finally:
+            self.queue.waiting -= 1
+        self.started = True
+
+    def end(self) -> None:
+        if self.started and not self.ended:
+            self.ended = True
+            self.queue._turn.release()
+
+
+class BadRequest(Exception):
+    """A body that is not JSON or not of the request's shape."""
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse(raw: bytes, model: Any) -> Any:
+    """The JSON body as ``model`` (whatever its Content-Type says, as llama-server reads it)."""
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise BadRequest(f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid"),
+                         where or None) from None
+
+
+def error(status: int, message: str, kind: str, param: Optional[str] = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+
+def errors(app: FastAPI) -> None:
+    """Every exception to its status code and OpenAI-style body."""
+
+    @app.exception_handler(BadRequest)
+    async def invalid(request: Request, exc: BadRequest) -> JSONResponse:
+        return error(400, str(exc), "invalid_request_error", exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
+        return error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, exc: Busy) -> JSONResponse:
+        return error(503, str(exc), "server_busy")
+
+    @app.exception_handler(LlamaspecError)
+    async def ours(request: Request, exc: LlamaspecError) -> JSONResponse:
+        if isinstance(exc, (ConfigError, PromptError, VocabMismatchError)):
+            return error(400, str(exc), "invalid_request_error")
+        return error(500, str(exc), "server_error")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None) -> FastAPI:
+    """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health."""
+    app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
+    waiting = Queue(queue)
+    errors(app)
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable) -> Any:
+        if api_key and request.url.path != "/health":
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> Dict[str, Any]:
+        return {"object": "list", "data": [{"id": spec.model_name, "object": "model", "created": 0,
+                                            "owned_by": "llamaspec"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        body = parse(await request.body(), ChatRequest)
+        return await _answer(body, lambda **kw: spec.create_chat_completion(**kw), waiting)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = parse(await request.body(), CompletionRequest)
+        return await _answer(body, lambda **kw: spec.create_completion(**kw), waiting)
+
+    return RequestLog(app)
+
+
+async def _answer(body: Any, create: Callable[..., Any], waiting: Queue) -> Any:
+    if body.n != 1:
+        raise ConfigError(f"n = {body.n}: only one choice per request is supported for now")
+    arguments = body.arguments()
+    turn = waiting.admit()
+    await turn.start()
+    if not body.stream:
+        try:
+            return JSONResponse(await run_in_threadpool(lambda: create(**arguments)))
+        finally:
+            turn.end()
+    try:
+        chunks = await run_in_threadpool(lambda: create(stream=True, **arguments))  # bad input fails here: 400
+    except BaseException:
+        turn.end()
+        raise
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EventStream(_events(Chunks(chunks), turn, include_usage), media_type="text/event-stream")
+
+
+class EventStream(StreamingResponse):
+    """A StreamingResponse that closes its event generator however the response ends. (Starlette
+    abandons the generator when the client disconnects; its ``finally`` would otherwise wait for
+    the garbage collector, and with it the next request's turn.)"""
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+class Chunks:
+    """A chunk iterator read from worker threads, closed only between steps (a cancelled read
+    may still be running in its thread when the stream ends). The decoding waits while chunks
+    are sent: on a CPU that decodes with every core, sending beside it would slow it more. So
+    that a fast model does not wait for every token, one read takes the chunks of up to
+    ``BUDGET`` seconds of decoding (measured by ``scripts/bench_server.py``)."""
+
+    BUDGET = 0.025
+
+    def __init__(self, chunks: Iterator[Dict[str, Any]]) -> None:
+        self._chunks = chunks
+        self._lock = threading.Lock()
+
+    async def next(self) -> List[Dict[str, Any]]:
+        """The next chunks; empty at the end."""
+        return await run_in_threadpool(self._next)
+
+    def _next(self) -> List[Dict[str, Any]]:
+        t0 = time.perf_counter()
+        read: List[Dict[str, Any]] = []
+        with self._lock:
+            while not read or time.perf_counter() - t0 < self.BUDGET:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                read.append(chunk)
+        return read
+
+    async def stop(self) -> None:
+        await run_in_threadpool(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+
+
+async def _events(chunks: Chunks, turn: Turn, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events as OpenAI sends them. However the stream ends (finished, the client
+    gone, an error), the generation is closed and the next request's turn comes."""
+    usage, last = None, None
+    try:
+        while True:
+            read = await chunks.next()
+            if not read:
+                break
+            for chunk in read:
+                usage, last = chunk.pop("usage", usage), chunk
+            yield "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in read)
+        if include_usage and last is not None:  # OpenAI's last chunk: no choices, the usage
+            head = {key: last[key] for key in ("id", "object", "created", "model")}
+            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+    except LlamaspecError as e:  # after the headers: the error goes into the stream
+        yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await chunks.stop()
+            finally:
+                turn.end()
+
+
+class RequestLog:
+    """ASGI middleware: one line per request, when its response has been sent."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = [0]
+
+        async def sending(message: Dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = scope.get("client") or ("-", 0)
+            log.info("%s %s %s %d %.2f s", client[0], scope["method"], scope["path"], status[0],
+                     time.perf_counter() - t0)

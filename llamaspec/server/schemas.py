@@ -1,0 +1,87 @@
+"""The request bodies of the OpenAI endpoints, as pydantic models: what each field may hold.
+
+Fields OpenAI clients send that llamaspec cannot honour (penalties, logit biases, tools, log
+probabilities, more than one choice) are accepted as data and refused with a clear 400 by
+``completions.refuse`` when set to anything but their neutral value; unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import SamplingConfig
+
+_S = SamplingConfig()
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, List[TextPart], None] = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """What both endpoints share. Defaults are llamaspec's (those of ``llamaspec generate``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    temperature: float = Field(_S.temperature, ge=0, le=2)
+    top_p: float = Field(_S.top_p, gt=0, le=1)
+    top_k: int = Field(_S.top_k, ge=0)  # llama.cpp's extension
+    min_p: float = Field(_S.min_p, ge=0, le=1)  # llama.cpp's extension
+    seed: Optional[int] = Field(None, ge=-1)
+    stop: Union[str, List[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: int = Field(1, ge=1)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Optional[Dict[str, float]] = None
+
+    def sampling(self) -> Dict[str, Any]:
+        """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "seed": self.seed, "stop": self.stop, "frequency_penalty": self.frequency_penalty,
+                "presence_penalty": self.presence_penalty, "logit_bias": self.logit_bias, "model": self.model}
+
+
+class ChatRequest(Sampling):
+    messages: List[Message] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    tools: Optional[List[Any]] = None
+    tool_choice: Optional[Any] = None
+    response_format: Optional[Dict[str, Any]] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+
+    def arguments(self) -> Dict[str, Any]:
+        return {**self.sampling(), "messages": [m.model_dump() for m in self.messages],
+                "max_tokens": self.max_completion_tokens or self.max_tokens, "tools": self.tools,
+                "tool_choice": self.tool_choice, "response_format": self.response_format, "logprobs": self.logprobs,
+                "top_logprobs": self.top_logprobs}
+
+
+class CompletionRequest(Sampling):
+    prompt: Union[str, List[int]]
+    max_tokens: Optional[int] = Field(16, ge=0)
+    echo: bool = False
+    suffix: Optional[str] = None
+    logprobs: Optional[int] = None
+
+    def arguments(self) -> Dict[str, Any]:
+        return {**self.sampling(), "prompt": self.prompt, "max_tokens": self.max_tokens, "echo": self.echo,
+                "suffix": self.suffix, "logprobs": self.logprobs}

@@ -1,0 +1,92 @@
+"""llama-cpp-python's completion methods on a LlamaSpec (SmolLM2): the dicts llama_cpp.Llama
+returns, key for key; the text of generate(); streams that add up; unsupported arguments refused."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import llama_cpp
+import pytest
+
+from llamaspec import ConfigError
+
+CHAT = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def llama(smol):
+    """llama-cpp-python's own high-level object on the same file: the shapes to match."""
+    model = llama_cpp.Llama(model_path=smol, n_ctx=1024, n_threads=2, verbose=False)
+    yield model
+    model.close()
+
+
+def shape(value: Any) -> Any:
+    """The keys of a response, recursively (lists by their first element), without values."""
+    if isinstance(value, dict):
+        return {key: shape(v) for key, v in value.items() if key != "timings"}  # timings: llama-server's extra
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value).__name__ if value is not None else None
+
+
+def chunk_shapes(chunks: List[Dict[str, Any]]) -> List[Any]:
+    return [shape(c) for c in chunks]
+
+
+def test_responses_have_llama_cpp_python_s_shape(smol_plain, llama):
+    for create in ("create_completion", "create_chat_completion"):
+        args = {"prompt": "def fibonacci(n):"} if create == "create_completion" else {"messages": CHAT}
+        ours = getattr(smol_plain, create)(max_tokens=8, temperature=0, **args)
+        theirs = getattr(llama, create)(max_tokens=8, temperature=0, **args)
+        assert shape(ours) == shape(theirs), create
+        assert set(ours["timings"]) >= {"predicted_n", "draft_n", "draft_n_accepted"}
+        ours = list(getattr(smol_plain, create)(max_tokens=4, temperature=0, stream=True, **args))
+        theirs = list(getattr(llama, create)(max_tokens=4, temperature=0, stream=True, **args))
+        # the same chunks, the last one carrying usage and timings besides (llama-server's)
+        assert [{k: v for k, v in c.items() if k not in ("usage",)} for c in chunk_shapes(ours)[:-1]] == \
+            chunk_shapes(theirs)[:-1], create
+        assert ours[-1]["choices"][0]["finish_reason"] == theirs[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_text_is_generate_s_and_the_stream_adds_up_to_it(smol_plain):
+    expected = smol_plain.generate("def fibonacci(n):", max_tokens=40, temperature=0)
+    done = smol_plain.create_completion("def fibonacci(n):", max_tokens=40, temperature=0)
+    assert done["choices"][0]["text"] == expected.text
+    assert done["usage"]["completion_tokens"] == len(expected.tokens)
+    streamed = smol_plain.create_completion("def fibonacci(n):", max_tokens=40, temperature=0, stream=True)
+    assert "".join(c["choices"][0]["text"] for c in streamed) == expected.text
+
+    reply = smol_plain.chat(CHAT, max_tokens=30, temperature=0)
+    done = smol_plain.create_chat_completion(CHAT, max_tokens=30, temperature=0)
+    assert done["choices"][0]["message"] == {"role": "assistant", "content": reply.text}
+    pieces = [c["choices"][0]["delta"].get("content", "")
+              for c in smol_plain.create_chat_completion(CHAT, max_tokens=30, temperature=0, stream=True)]
+    assert "".join(pieces) == reply.text
+
+
+def test_a_stream_left_early_stops_its_generation(smol_plain):
+    chunks = smol_plain.create_completion("Once upon a time", max_tokens=500, temperature=0, stream=True)
+    next(chunks), next(chunks)
+    chunks.close()
+    again = smol_plain.create_completion("Once upon a time", max_tokens=12, temperature=0)
+    assert again["choices"][0]["text"] == smol_plain.generate("Once upon a time", max_tokens=12, temperature=0).text
+
+
+@pytest.mark.parametrize("arguments, name", [
+    ({"logprobs": 3}, "logprobs"), ({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
+    ({"repeat_penalty": 1.1}, "repeat_penalty"), ({"grammar": object()}, "grammar"),
+    ({"logit_bias": {"1": 2.0}}, "logit_bias"), ({"mirostat_mode": 2}, "mirostat_mode"),
+])
+def test_arguments_that_would_change_the_text_are_refused_by_name(smol_plain, arguments, name):
+    with pytest.raises(ConfigError, match=f"^{name} is not supported"):
+        smol_plain.create_completion("hi", **arguments)
+
+
+def test_chat_arguments_that_would_change_the_text_are_refused_by_name(smol_plain):
+    for arguments, name in (({"tools": [{"type": "function"}]}, "tools"), ({"presence_penalty": 0.5}, "presence_penalty"),
+                            ({"response_format": {"type": "json_object"}}, "response_format")):
+        with pytest.raises(ConfigError, match=f"^{name} is not supported"):
+            smol_plain.create_chat_completion(CHAT, **arguments)
+    with pytest.raises(ConfigError, match="only text content parts"):
+        smol_plain.create_chat_completion([{"role": "user", "content": [{"type": "image_url"}]}])

@@ -1,0 +1,275 @@
+"""llamaspec serve as a real process on 127.0.0.1, asked by the real openai client (SmolLM2):
+the same text as llamaspec generate, streams, usage and timings, concurrent clients, a full
+queue, a client gone mid-stream, every bad input with its status and body, an API key, memory."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List
+
+import psutil
+import pytest
+from openai import APIStatusError, OpenAI
+
+from conftest import THREADS, assert_one_line_error, run
+from test_robustness_real import console_script
+
+PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France", "import numpy as np",
+           "Dear customer,", "# A list of fruits\n", "SELECT name FROM", "Roses are red,"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([console_script(), "serve", *args, "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, self.proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+
+    def client(self, **kw) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, timeout=300, **kw)
+
+    def get(self, path: str, headers: Dict[str, str] = {}):  # noqa: B006
+        return self.request("GET", path, None, headers)
+
+    def request(self, method: str, path: str, body, headers: Dict[str, str] = {}):  # noqa: B006
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=60)
+        return err
+
+
+@pytest.fixture(scope="module")
+def plain_server(smol):
+    """Plain decoding: the tests comparing texts need no near-tie allowance."""
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--spec", "none")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(smol):
+    """What a user starts: every draft source (lookup and lookahead with one model), a short queue."""
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--queue", "2")
+    yield server
+    server.stop()
+
+
+def generate(smol, *args) -> dict:
+    out = run("generate", "-m", smol, "-t", str(THREADS), "-c", "2048", "--spec", "none", "--temp", "0",
+              "--json", *args)
+    assert out.exit_code == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_chat_and_completions_give_llamaspec_generate_s_text_streamed_or_not(plain_server, smol):
+    client = plain_server.client()
+    question = "Name three colours."
+    expected = generate(smol, "--chat", "-p", question, "-n", "40")
+    reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": question}],
+                                           max_tokens=40, temperature=0)
+    assert reply.choices[0].message.content == expected["text"]
+    assert reply.choices[0].finish_reason == ("length" if expected["stop_reason"] == "length" else "stop")
+    assert reply.usage.completion_tokens == len(expected["tokens"])
+    assert reply.usage.prompt_tokens == expected["stats"]["n_prompt"]
+    timings = reply.model_extra["timings"]
+    assert timings["predicted_n"] == expected["stats"]["n_predict"] and timings["predicted_per_second"] > 0
+    assert set(timings) == {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+                            "predicted_per_second", "draft_n", "draft_n_accepted"}
+    pieces, usage = [], None
+    for chunk in client.chat.completions.create(model="x", messages=[{"role": "user", "content": question}],
+                                                max_tokens=40, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(pieces) == expected["text"] and usage.completion_tokens == len(expected["tokens"])
+
+    prompt = "def fibonacci(n):"
+    expected = generate(smol, "-p", prompt, "-n", "40")
+    done = client.completions.create(model="x", prompt=prompt, max_tokens=40, temperature=0)
+    assert done.choices[0].text == expected["text"] and done.usage.completion_tokens == len(expected["tokens"])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="x", prompt=prompt, max_tokens=40, temperature=0, stream=True) if c.choices)
+    assert streamed == expected["text"]
+
+
+def test_stop_strings_are_never_sent_not_even_in_part(plain_server):
+    client = plain_server.client()
+    full = client.completions.create(model="x", prompt="Roses are red,", max_tokens=40, temperature=0).choices[0].text
+    stop = full[12:18]
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model="x", prompt="Roses are red,", max_tokens=40, temperature=0, stop=[stop], stream=True) if c.choices]
+    assert "".join(pieces) == full[:full.index(stop)]
+    assert not any(stop[:k] in piece and piece.endswith(stop[:k]) for piece in pieces[-1:] for k in range(2, 4))
+
+
+def test_eight_clients_at_once_each_get_their_answer_alone(plain_server):
+    client = plain_server.client()
+
+    def ask(prompt):
+        return client.completions.create(model="x", prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+    alone = [ask(p) for p in PROMPTS]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, PROMPTS))
+    assert together == alone
+
+
+def test_a_full_queue_answers_503_at_once(server):
+    client = server.client()
+
+    def ask(_):
+        t0 = time.monotonic()
+        try:
+            client.completions.create(model="x", prompt="Count to five hundred:", max_tokens=150, temperature=0)
+            return 200, time.monotonic() - t0
+        except APIStatusError as e:
+            assert e.response.json()["error"]["type"] == "server_busy"
+            return e.status_code, time.monotonic() - t0
+    with ThreadPoolExecutor(6) as pool:  # one runs, two wait, three are turned away
+        results = list(pool.map(ask, range(6)))
+    busy = [t for code, t in results if code == 503]
+    assert sorted(code for code, _ in results).count(200) >= 3 and len(busy) >= 1
+    assert max(busy) < 2.0  # at once, not after waiting
+
+
+def test_a_client_gone_mid_stream_stops_its_generation_and_the_next_request_is_right(server):
+    client = server.client()
+    expected = client.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=24,
+                                         temperature=0).choices[0].text
+    body = json.dumps({"prompt": "Write a long story about a dragon.", "max_tokens": 2000, "temperature": 0,
+                       "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        seen = b""
+        while b"data: " not in seen:  # streaming
+            data = s.recv(4096)
+            assert data, seen
+            seen += data
+    t0 = time.monotonic()  # the socket is closed: the generation must end now, not after 2000 tokens
+    again = client.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=24, temperature=0)
+    assert time.monotonic() - t0 < 10
+    assert again.choices[0].text == expected
+    assert server.get("/health") == (200, {"status": "ok"})
+
+
+BAD = [
+    ("/v1/chat/completions", b"{not json", "not valid JSON"),
+    ("/v1/chat/completions", b"[1, 2]", "must be a JSON object"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {}, "messages: Field required"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n = 2"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 3000}]}, "fit in the context"),
+    ("/v1/completions", {"prompt": "word " * 3000}, "context holds"),
+    ("/v1/completions", {"prompt": ""}, "empty"),
+    ("/v1/completions", {"prompt": [10**9]}, "not in the vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+]
+
+
+@pytest.mark.parametrize("path, body, fragment", BAD)
+def test_bad_input_is_a_4xx_with_an_openai_error_body(server, path, body, fragment):
+    status, answer = server.request("POST", path, body)
+    assert status == 400, (status, answer)
+    assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
+    assert fragment in answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error"
+    assert server.get("/health") == (200, {"status": "ok"})
+
+
+def test_unknown_routes_and_methods(server):
+    assert server.get("/v1/nothing")[0] == 404 and server.get("/v1/completions")[0] == 405
+    assert server.get("/v1/models")[1]["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_an_api_key_is_required_when_given(smol):
+    keyed = Server("-m", smol, "-t", str(THREADS), "--spec", "none", "--api-key", "s3cret")
+    try:
+        assert keyed.get("/health")[0] == 200  # health stays open
+        assert keyed.get("/v1/models")[0] == 401
+        status, body = keyed.get("/v1/models", {"Authorization": "Bearer wrong"})
+        assert status == 401 and body["error"]["type"] == "authentication_error"
+        assert keyed.client(api_key="s3cret").models.list().data[0].object == "model"
+    finally:
+        keyed.stop()
+
+
+def test_no_memory_growth_over_200_requests_and_one_log_line_each(smol):
+    served = Server("-m", smol, "-t", str(THREADS), "-c", "1024")
+    try:
+        client = served.client()
+        process = psutil.Process(served.proc.pid)
+
+        def batch(n):
+            for i in range(n):
+                client.completions.create(model="x", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=4, temperature=0.5,
+                                          seed=i)
+        batch(40)
+        before = process.memory_info().rss
+        batch(200)
+        growth = process.memory_info().rss - before
+        assert growth < 32 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 200 requests"
+    finally:
+        log = served.stop()
+    assert sum(" POST /v1/completions 200 " in line for line in log.splitlines()) == 240
+
+
+def test_a_follow_up_evaluates_only_its_new_tokens(plain_server):
+    client = plain_server.client()
+    first = [{"role": "user", "content": "Name three colours."}]
+    reply = client.chat.completions.create(model="x", messages=first, max_tokens=16, temperature=0)
+    follow = first + [{"role": "assistant", "content": reply.choices[0].message.content},
+                      {"role": "user", "content": "And three animals?"}]
+    again = client.chat.completions.create(model="x", messages=follow, max_tokens=8, temperature=0)
+    evaluated, prompt = again.model_extra["timings"]["prompt_n"], again.usage.prompt_tokens
+    assert evaluated < prompt - reply.usage.prompt_tokens, (evaluated, prompt)  # the first turn came from the cache
+
+
+def test_serve_without_the_server_extra_says_how_to_install_it(smol, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # import fastapi: ImportError
+    assert_one_line_error(run("serve", "-m", smol), "pip install 'llamaspec[server]'")
+
+
+def test_a_port_in_use_is_a_one_line_error_before_loading(smol):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line_error(run("serve", "-m", smol, "--port", str(port)), f"cannot listen on 127.0.0.1:{port}")
+    assert_one_line_error(run("serve", "-m", smol, "--host", "no.such.host.invalid"), "cannot listen on no.such")
