@@ -7,6 +7,7 @@
 """
 
 from ._llama import ModelPool
+from .agreement import AgreementReport, CandidateAgreement, agreement
 from .api import LlamaSpec, load
 from .generation import Chunk, Result, Stream
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
@@ -27,6 +28,8 @@ from .models import cache_dir, default_pair, fetch, load_registry, resolve_model
 from .stats import SourceStats, Stats
 
 __all__ = [
+    "AgreementReport",
+    "CandidateAgreement",
     "CacheFormatError",
     "Chunk",
     "ConfigError",
@@ -51,6 +54,7 @@ __all__ = [
     "Stats",
     "UnknownModelError",
     "VocabMismatchError",
+    "agreement",
     "cache_dir",
     "default_pair",
     "fetch",

@@ -432,3 +432,27 @@ def supports_gpu_offload() -> bool:
 def backend_name(model: Model) -> str:
     """"gpu" when this build can offload and the model asked for it, else "cpu"."""
     return "gpu" if supports_gpu_offload() and model.n_gpu_layers != 0 else "cpu"
+
+
+# llama.cpp's quantization types by name (llama_ftype), as llama-quantize names them.
+QUANT_TYPES = {"F16": ll.LLAMA_FTYPE_MOSTLY_F16, "Q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0, "Q6_K": ll.LLAMA_FTYPE_MOSTLY_Q6_K,
+               "Q5_K_M": ll.LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q5_0": ll.LLAMA_FTYPE_MOSTLY_Q5_0,
+               "Q5_1": ll.LLAMA_FTYPE_MOSTLY_Q5_1, "Q4_K_M": ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+               "Q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
+               "Q3_K_M": ll.LLAMA_FTYPE_MOSTLY_Q3_K_M, "Q2_K": ll.LLAMA_FTYPE_MOSTLY_Q2_K}
+
+
+def quantize(source: Path, destination: Path, kind: str, threads: int = 0) -> None:
+    """Write ``source`` re-quantized to ``kind`` (a QUANT_TYPES name) with llama.cpp's own
+    quantizer, already-quantized tensors included."""
+    if kind not in QUANT_TYPES:
+        raise ModelError(f"unknown quantization {kind!r}; choose from {', '.join(QUANT_TYPES)}")
+    check_gguf(source)
+    _ensure_backend()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[kind]
+    params.allow_requantize = True
+    params.nthread = threads
+    _log_lines.clear()
+    if ll.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)) != 0:
+        raise ModelError(f"quantizing {source} to {kind} failed: {_log_error() or 'llama.cpp refused it'}")

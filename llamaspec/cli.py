@@ -13,13 +13,14 @@ import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import click
 
 from . import costs, models
 from ._llama import Model
 from .acceptance_model import AcceptanceModel
+from .agreement import agreement as agreement_run, format_report
 from .api import LlamaSpec
 from .bench import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
@@ -547,6 +548,38 @@ def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers
               for n in range(1, len(curve.relative) + 1)]
     click.echo("\n".join(format_columns(cells)))
     click.echo(f"cached in {cache_file}: generation with threads {curve.threads} on {curve.backend} uses it", err=True)
+
+
+@cli.command("agreement")
+@some_model_options("model", "n_ctx", "n_threads", "n_gpu_layers")
+@click.option("-md", "--candidate", "candidates", multiple=True, required=True,
+              help="A model to measure against -m (repeatable): a quantization of it, or a draft model.")
+@click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
+              help="Text to read (repeatable) [default: the bench suite's prompts and -m's greedy answers].")
+@click.option("-n", "--n-predict", "n_tokens", type=click.IntRange(1), default=128, show_default=True,
+              help="Tokens of each greedy answer (without -f).")
+@some_model_options("temperature", "top_k", "top_p", "min_p", "cache_dir")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the report as JSON.")
+@click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
+              help="Exit non-zero when a candidate's top-1 agreement is below this.")
+def agreement_command(model: Optional[str], candidates: Tuple[str, ...], files: Tuple[Path, ...], n_tokens: int,
+                      json_file: Optional[Path], min_agreement: Optional[float], **o: Any) -> None:
+    """How closely each candidate follows the reference model -m: top-1 agreement (the greedy
+    acceptance rate), the expected acceptance of speculative sampling at --temp, KL divergence,
+    perplexity, and the speed-up drafting with it would give on this machine. Checks a
+    quantization (a damaged one agrees far less) and tells whether a draft model pays."""
+    _check_writable(json_file)
+    texts = [_read(path, "text ") for path in files]
+    sampling = SamplingConfig(o["temperature"], o["top_k"], o["top_p"], o["min_p"])
+    report = agreement_run(model or models.default_pair()[0], candidates, texts, n_tokens, sampling, o["n_ctx"],
+                           o["n_threads"], o["n_gpu_layers"], o["cache_dir"], progress=True)
+    click.echo("\n".join(format_report(report)))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    low = [c for c in report.candidates if min_agreement is not None and c.top1_agreement < min_agreement]
+    if low:
+        raise click.ClickException(f"{low[0].model}: top-1 agreement {low[0].top1_agreement:.3f} is below "
+                                   f"--min-agreement {min_agreement}")
 
 
 @cli.command("compare")

@@ -148,3 +148,18 @@ def test_profile_measures_every_n_and_generation_reuses_it(smol, tmp_path, monke
         assert spec.generate("Hello", max_tokens=2, temperature=0).stats.n_predict == 2
     assert_one_line_error(run("profile", "-m", smol, "--repeats", "0", "--cache-dir", str(tmp_path)),
                           "repeats must be >= 1")
+
+
+def test_draft_fixed_verifies_draft_max_tokens_every_step_and_is_not_a_default(smol, tmp_path):
+    from llamaspec.bench import BenchSettings
+    from llamaspec.bench.settings import default_strategies
+    assert "draft-fixed" not in default_strategies(BenchSettings(smol, smol))
+    out = tmp_path / "bench.json"
+    result = run("bench", "-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "-n", "16", "--draft-max", "3",
+                 "--prompts", "json_record", "--repeat", "1", "--strategies", "plain,draft-fixed", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(out.read_text())["rows"] if r["strategy"] == "draft-fixed")
+    draft = row["sources"]["draft"]
+    # 3 tokens every step (the last one: what is left of -n)
+    assert 3 * (draft["steps"] - 1) < draft["drafted"] <= 3 * draft["steps"] and draft["steps"] >= 3
+    assert row["output"] == "same" and row["tokens_per_call"] > 3  # the model drafting for itself, greedy

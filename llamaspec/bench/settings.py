@@ -82,13 +82,15 @@ STRATEGIES: Dict[str, Strategy] = {
     "lookup": Strategy("lookup alone: copies of the prompt and the output", SpecConfig(frozenset({"lookup"}))),
     "lookahead": Strategy("lookahead alone: Jacobi window and n-gram pool", SpecConfig(frozenset({"lookahead"}))),
     "draft": Strategy("the draft model alone", SpecConfig(frozenset({"draft"}))),
+    "draft-fixed": Strategy("the draft model every step, --draft-max tokens (llama-speculative-simple's way)",
+                            SpecConfig(frozenset({"draft"}), frozenset({"draft"}))),
     "auto": Strategy("every source the models allow, chosen step by step (the default)", SpecConfig()),
 }
 
 
 def default_strategies(settings: BenchSettings) -> List[str]:
     """Plain, each single source the given models allow, and auto."""
-    return [name for name, s in STRATEGIES.items() if settings.draft_model or not s.needs_draft]
+    return [name for name, s in STRATEGIES.items() if (settings.draft_model or not s.needs_draft) and not s.spec.fixed]
 
 
 def check_strategies(names: Sequence[str], settings: BenchSettings) -> None:
