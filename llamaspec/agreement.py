@@ -142,7 +142,7 @@ def agreement(reference: str, candidates: Sequence[str], texts: Sequence[str] = 
 
 
 def format_report(report: AgreementReport) -> List[str]:
-    """The report as aligned lines: one row per candidate, then each verdict."""
+    """The report as aligned lines: the reference, then one row per candidate."""
     kind = "greedy" if report.temperature == 0 else f"temp {report.temperature:g}"
     cells = [("candidate", "top-1", f"accept ({kind})", "KL mean", "KL p99", "ppl", "tok/step k=1,2,4,8",
               "predicted", "verdict")]
