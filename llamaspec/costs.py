@@ -7,10 +7,7 @@ less than 12: REFERENCE_CPU).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +18,7 @@ from tqdm import tqdm
 
 from ._llama import Context, Model, backend_name
 from .errors import ConfigError
+from .json_table import read_table, write_table
 
 SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
 N_MAX = 32
@@ -162,18 +160,9 @@ def _key(path: Path, threads: int, backend: str) -> str:
     return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}"
 
 
-def _read_table(cache_file: Optional[Path]) -> dict:
-    if cache_file is None or not cache_file.is_file():
-        return {}
-    try:
-        return json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def cached_curve(model_path: Path, threads: int, cache_file: Path, backend: str = "cpu") -> Optional[CostCurve]:
     """The curve measured earlier for this model file, thread count and backend, if any."""
-    entry = _read_table(cache_file).get(_key(model_path, threads, backend))
+    entry = read_table(cache_file).get(_key(model_path, threads, backend))
     return CostCurve(**entry) if entry else None
 
 
@@ -181,7 +170,7 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = F
     """The cached curve of this model, thread count and backend, or a fresh measurement (saved).
     With ``progress``, a measurement shows a progress bar saying what it does."""
     key = _key(ctx.model.path, ctx.threads, backend_name(ctx.model))
-    table = _read_table(cache_file)
+    table = read_table(cache_file)
     if key in table:
         return CostCurve(**table[key])
     curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} (once)" if progress else "")
@@ -192,16 +181,9 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = F
 
 def save(curve: CostCurve, ctx: Context, cache_file: Path) -> None:
     """Cache ``curve`` for the model, thread count and backend of ``ctx`` (replacing any)."""
-    table = _read_table(cache_file)
+    table = read_table(cache_file)
     table[_key(ctx.model.path, ctx.threads, backend_name(ctx.model))] = asdict(curve)
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(table, f, indent=1)
-        os.replace(tmp, cache_file)
-    except OSError:
-        pass  # a read-only cache only costs a new measurement next time
+    write_table(cache_file, table)  # a read-only cache only costs a new measurement next time
 
 
 def profile(model_path: Path, threads: int, n_ctx: int = 4096, n_gpu_layers: int = 0, repeats: int = 2,
