@@ -17,7 +17,6 @@ with llama.cpp's quantizer, see the README). Any other candidate is judged as a 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -27,12 +26,12 @@ import numpy as np
 from . import models
 from ._llama import Context, Model, ModelPool
 from .bench.report import format_columns
-from .bench.suite import SUITE_FILE, load_suite
-from .chat import ChatTemplate
+from .bench.suite import SUITE_FILE, greedy_answers
 from .config import ModelConfig, SamplingConfig
 from .costs import CostModel, load_or_measure
 from .divergence import Positions, compare, full_runs, speedups, tokens_per_step
 from .errors import ConfigError, PromptError
+from .json_table import read_table, write_table
 from .vocab import check_compatible
 
 BATCH = 256  # rows evaluated with logits at a time
@@ -204,10 +203,10 @@ def _answer_streams(model: Model, n_tokens: int, config: ModelConfig, pool: Mode
     stat = model.path.stat()
     key = hashlib.sha256(f"{model.path.name}:{stat.st_size}:{stat.st_mtime_ns}:{n_tokens}:".encode()
                          + SUITE_FILE.read_bytes()).hexdigest()[:24]
-    table = _read(cache_file)
+    table = read_table(cache_file)
     if key not in table:
         table[key] = _answers(model, n_tokens, config, pool)
-        _write(cache_file, table)
+        write_table(cache_file, table)
     return [Stream(name, tuple(a["prompt"]), tuple(a["answer"])) for name, a in table[key].items() if a["answer"]]
 
 
@@ -216,17 +215,10 @@ def _answers(model: Model, n_tokens: int, config: ModelConfig, pool: ModelPool) 
 
     spec = LlamaSpec(ModelConfig(str(model.path), config.n_ctx, config.n_threads, config.n_gpu_layers), spec="none",
                      progress=False, pool=pool)  # the pool shares the loaded weights
-    template = ChatTemplate(model)
-    answers = {}
     try:
-        for prompt in load_suite():
-            tokens = spec.tokenize(template.render(prompt.messages), add_special=False)
-            spec.reset()
-            result = spec.generate(tokens, max_tokens=n_tokens, temperature=0)
-            answers[prompt.name] = {"prompt": tokens, "answer": result.tokens}
+        return greedy_answers(spec, n_tokens)
     finally:
         spec.close()
-    return answers
 
 
 def _shape(model: Model) -> Tuple[Optional[str], ...]:
@@ -235,16 +227,3 @@ def _shape(model: Model) -> Tuple[Optional[str], ...]:
     return (arch,) + tuple(model.meta(f"{arch}.{key}") for key in
                            ("block_count", "embedding_length", "feed_forward_length", "attention.head_count"))
 
-
-def _read(path: Path) -> Dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: Path, table: Dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table) + "\n")
-    tmp.replace(path)

@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 import llamaspec  # noqa: E402
 from llamaspec import LookaheadConfig, models  # noqa: E402
 from llamaspec.acceptance_model import AcceptanceModel  # noqa: E402
-from llamaspec.bench import load_suite  # noqa: E402
-from llamaspec.bench.suite import render  # noqa: E402
+from llamaspec.bench.suite import greedy_answers  # noqa: E402
 from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel, cached_curve  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 from llamaspec.lookahead import LookaheadSource  # noqa: E402
@@ -41,17 +40,13 @@ from llamaspec.speculator import Speculator  # noqa: E402
 def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
     if path.is_file():
         return json.loads(path.read_text())
-    suite = load_suite()
-    texts = render(models.resolve_model(model), suite)
     spec = llamaspec.load(model, spec="none")
-    answers = {}
-    for prompt, text in zip(suite, texts):
-        tokens = spec.tokenize(text, add_special=False)
-        spec.reset()
-        result = spec.generate(tokens, max_tokens=n, temperature=0)
-        answers[prompt.name] = {"prompt": tokens, "answer": result.tokens}
-        print(f"recorded {prompt.name}: {len(result.tokens)} tokens", file=sys.stderr)
-    spec.close()
+    try:
+        answers = greedy_answers(spec, n)
+    finally:
+        spec.close()
+    for name, streams in answers.items():
+        print(f"recorded {name}: {len(streams['answer'])} tokens", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(answers) + "\n")
     return answers

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .._llama import Model
 from ..chat import ChatTemplate, Message
@@ -47,3 +47,17 @@ def render(model_path: Path, prompts: Sequence[SuitePrompt]) -> List[str]:
         return [template.render(p.messages) for p in prompts]
     finally:
         vocab.close()
+
+
+def greedy_answers(spec: Any, n_tokens: int, prompts: Optional[Sequence[SuitePrompt]] = None
+                   ) -> Dict[str, Dict[str, List[int]]]:
+    """Each prompt (default: the whole suite) in ``spec``'s chat template, as tokens, and the
+    greedy answer of at most ``n_tokens`` that ``spec`` (a LlamaSpec) gives from an empty cache:
+    the token streams that replays and ``llamaspec agreement`` read."""
+    answers = {}
+    for prompt in prompts if prompts is not None else load_suite():
+        tokens = spec.tokenize(spec.format_chat(prompt.messages), add_special=False)
+        spec.reset()
+        answers[prompt.name] = {"prompt": tokens,
+                                "answer": spec.generate(tokens, max_tokens=n_tokens, temperature=0).tokens}
+    return answers
