@@ -16,7 +16,7 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from .errors import ConfigError
-from .generation import Result, Stream
+from .generation import Result, Stream, last
 
 Response = Dict[str, Any]
 
@@ -42,7 +42,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
             "model": model or spec.model_name}
     if stream:
         return _completion_chunks(chunks, head)
-    result = _finish(chunks)
+    result = last(chunks)
     return {**head, "choices": [{"text": result.text, "index": 0, "logprobs": None,
                                  "finish_reason": finish_reason(result)}],
             "usage": usage(result), "timings": timings(result)}
@@ -87,7 +87,7 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
     if stream:
         return _chat_chunks(chunks, head)
-    result = _finish(chunks)
+    result = last(chunks)
     return {**head, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
                          "finish_reason": finish_reason(result)}],
@@ -143,13 +143,6 @@ def refuse(**unsupported: bool) -> None:
     for name, is_set in unsupported.items():
         if is_set:
             raise ConfigError(f"{name} is not supported: llamaspec generates the target's own text, unchanged")
-
-
-def _finish(chunks: Stream) -> Result:
-    for _ in chunks:
-        pass
-    assert chunks.result is not None
-    return chunks.result
 
 
 def finish_reason(result: Result) -> str:
