@@ -30,12 +30,26 @@ from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake
 GREEDY = SamplingConfig(temperature=0)
 
 
-class Oracle:
+class QuietSource:
+    """What a fake source does not need: learning, contexts of its own, saving at the end."""
+
+    expensive = False
+
+    def learn(self, outcome):
+        pass
+
+    def contexts(self):
+        return []
+
+    def finish(self, tokens):
+        pass
+
+
+class Oracle(QuietSource):
     """A source that knows what the fake target will say: proposes ``k`` tokens of it, and a
     wrong second candidate sharing its first tokens (a trie with a shared prefix)."""
 
     name = "oracle"
-    expensive = False
 
     def __init__(self, k: int = 6, wrong_after: int = 2) -> None:
         self.k, self.wrong_after = k, wrong_after
@@ -50,21 +64,11 @@ class Oracle:
             cands.append(Candidate(wrong, self.name, (1,) * len(wrong)))
         return Proposal(tuple(cands))
 
-    def learn(self, outcome):
-        pass
 
-    def contexts(self):
-        return []
-
-    def finish(self, tokens):
-        pass
-
-
-class StepLog:
+class StepLog(QuietSource):
     """A source that records what the engine tells it, to check the outcome it learns from."""
 
     name = "log"
-    expensive = False
 
     def __init__(self):
         self.outcomes: List[Outcome] = []
@@ -74,12 +78,6 @@ class StepLog:
 
     def learn(self, outcome):
         self.outcomes.append(outcome)
-
-    def contexts(self):
-        return []
-
-    def finish(self, tokens):
-        pass
 
 
 def engine(sources, curve=CostCurve.flat(), **ctx_options):
@@ -239,11 +237,10 @@ def test_the_planner_on_a_steep_curve_mostly_decodes_plainly_on_text_it_cannot_p
     assert result.stats.n_drafted <= 10
 
 
-class QDraft:
+class QDraft(QuietSource):
     """A draft model stand-in: samples a two-token chain from q, a blurred copy of the target's p."""
 
     name = "draft"
-    expensive = False
 
     def propose(self, tokens, budget, sampling, rng):
         if budget.max_len < 1:
@@ -256,15 +253,6 @@ class QDraft:
             qs.append(q)
             text.append(x)
         return Proposal((Candidate(tuple(toks), self.name, (5,) * len(toks), tuple(qs)),))
-
-    def learn(self, outcome):
-        pass
-
-    def contexts(self):
-        return []
-
-    def finish(self, tokens):
-        pass
 
 
 def test_sampling_through_the_engine_is_exact():
