@@ -397,6 +397,17 @@ class Context:
         for s in range(1, n_seqs):
             self.seq_rm(s, -1, -1)
 
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+        """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
+        that keep several sequences' bookkeeping themselves (``tokens`` is not touched).
+        Returns how many output rows the decode produced, in row order."""
+        b = self.batch
+        b.clear()
+        for token, pos, seqs, logits in rows:
+            b.add(token, pos, seqs, logits)
+        self.decode()
+        return sum(1 for row in rows if row[3])
+
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
         if not ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
             raise DecodeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")

@@ -41,10 +41,14 @@ PRIORS: Dict[str, Dict[int, float]] = {
     "lookahead": {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85},
     # n-gram caches: bucket = position in the draft (0 first)
     "cache": {0: 0.25, 1: 0.3, 2: 0.35},
+    # consensus (see consensus.py): 10 * agreeing siblings (1 .. 3) + the match's length bucket (0 .. 8),
+    # a match's length as for lookup, raised by each further agreeing sibling
+    "consensus": {10 * a + m: min(0.9, p + 0.1 * (a - 1)) for a in (1, 2, 3)
+                  for m, p in {0: 0.1, 1: 0.15, 2: 0.25, 3: 0.35, 4: 0.45, 5: 0.55, 8: 0.65}.items()},
     # draft model: bucket = round(10 * the draft's top probability)
     "draft": {b: min(0.95, 0.05 + 0.09 * b) for b in range(11)},
 }
-DEFAULT: Dict[str, float] = {"lookup": 0.2, "lookahead": 0.1, "cache": 0.3, "draft": 0.6}
+DEFAULT: Dict[str, float] = {"lookup": 0.2, "consensus": 0.3, "lookahead": 0.1, "cache": 0.3, "draft": 0.6}
 
 
 class AcceptanceModel:

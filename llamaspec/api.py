@@ -24,11 +24,17 @@ from .lookup import LookupSource
 from .ngram_cache import CacheSource, NgramCaches
 from .planner import MAX_LEAVES, Planner
 from .speculator import Speculator
+from .consensus import ConsensusSource, Siblings
+from .lanes import BatchEngine
+from .scheduler import Request, Scheduler
 from .models import resolve_model
 from .generation import Chunk, Result, Stream, last, make_config
 from .vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]
+
+# Samples of one prompt decoded together at most (each is a KV-cache sequence).
+MAX_SAMPLES = 16
 
 
 class LlamaSpec:
@@ -71,7 +77,7 @@ class LlamaSpec:
             if draft is not None and "draft" in names:
                 self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
                 check_compatible(self.model, self.draft_model)
-            self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq)
+            self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             draft_curve = None
             if self.draft_model is not None and draft is not None:
@@ -128,11 +134,44 @@ class LlamaSpec:
     # several threads run one after the other. A generation that starts while an earlier
     # stream is unfinished closes that stream (reading it again raises StreamClosedError).
 
-    def generate(self, prompt: Prompt, **options: Any) -> Result:
+    def generate(self, prompt: Prompt, n: int = 1, **options: Any) -> Any:
         """Generate from raw text (or tokens). Options: max_tokens, stop, temperature, top_k,
-        top_p, min_p, seed."""
+        top_p, min_p, seed. With ``n`` > 1, a list of n samples decoded together (sample i
+        uses seed + i), which draft from each other; n > 1 needs a temperature above 0."""
+        if n == 1:
+            with self._lock:
+                return last(self.stream(prompt, **options))
+        return self.samples(prompt, n, **options)
+
+    def samples(self, prompt: Prompt, n: int, **options: Any) -> List[Result]:
+        """``n`` samples of one prompt decoded together in every llama_decode (see generate)."""
+        config = make_config(**options)
+        request = Request(self._prompt_tokens(prompt), config, n, self.spec_name)  # bad n: before any decoding
         with self._lock:
-            return last(self.stream(prompt, **options))
+            self._check_open()
+            if n > MAX_SAMPLES:
+                raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
+            if self._active is not None and not self._active.done:
+                self._active.close("this stream was closed: another generation started on the same LlamaSpec")
+            lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
+            lanes.adopt(0, self.ctx.tokens)
+            try:
+                scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs),
+                                      self.ctx.n_ctx, self.ctx.n_ctx)
+                scheduler.run(request)
+            finally:
+                self.engine.adopt(lanes.release())
+            return [r for r in request.results if r is not None]
+
+    def _lane_sources(self, siblings: Siblings, i: int) -> List[Source]:
+        """Sample i's sources: lookup (its own text and the references) and its siblings."""
+        sources: List[Source] = []
+        if "lookup" in self._names:
+            sources.append(LookupSource(self._lookup.ngram_min, self._lookup.ngram_max, self._references,
+                                        self._lookup.draft_max))
+        if self._names:
+            sources.append(ConsensusSource(siblings, i))
+        return sources
 
     def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:
         """Reply to chat messages, formatted with the model's own template (see chat_stream)."""
@@ -163,6 +202,10 @@ class LlamaSpec:
         """Chunks of text as the target accepts them; the last chunk carries the Result."""
         config = make_config(**options)
         with self._lock:
+            return self._start(self._prompt_tokens(prompt), config)
+
+    def _prompt_tokens(self, prompt: Prompt) -> List[int]:
+        with self._lock:
             self._check_open()
             tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             if not tokens or (isinstance(prompt, str) and not prompt.strip()):
@@ -170,7 +213,7 @@ class LlamaSpec:
             bad = [t for t in tokens if not 0 <= t < self.model.n_vocab]
             if bad:
                 raise PromptError(f"token {bad[0]} is not in the vocabulary of {self.model.n_vocab} tokens")
-            return self._start(tokens, config)
+            return tokens
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
         if self._active is not None and not self._active.done:

@@ -21,7 +21,7 @@ from . import costs, models
 from ._llama import Model
 from .acceptance_model import AcceptanceModel
 from .agreement import agreement as agreement_run, format_report
-from .api import LlamaSpec
+from .api import MAX_SAMPLES, LlamaSpec
 from .bench import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
@@ -34,6 +34,7 @@ from .ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
 from .planner import Planner
 from .repl import run_chat
 from .replay import copy_oracle, replay
+from .scheduler import Request, aggregate
 from .speculator import Speculator
 
 
@@ -239,14 +240,22 @@ def _decode(data: bytes, what: str) -> str:
 @click.option("-f", "--file", type=click.Path(path_type=Path), help="Read the prompt from a file.")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text and stats.")
-def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json: bool, **o: Any) -> None:
+@click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
+              help="Draw this many samples, decoded together and drafting from each other (needs --temp > 0).")
+def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json: bool, samples: int,
+             **o: Any) -> None:
     """Generate from one prompt (-p, -f or stdin), speculating with every draft source the models
     allow (--spec auto); --spec none decodes plainly. SIGINT or SIGTERM ends it early with what
-    was generated (--json: the partial result, stop reason "interrupted"), exit code 130 or 143."""
+    was generated (--json: the partial result, stop reason "interrupted"), exit code 130 or 143.
+    With --samples N, N samples are decoded together; each is printed under a header line."""
     text = _read_prompt(prompt, file)
     gen = _generation_options(o)
     if not text.strip():
         raise click.UsageError("the prompt is empty")
+    if samples > 1:
+        Request([0], make_config(**gen), samples)  # a bad combination fails before loading
+        _generate_samples(o, text, as_chat, as_json, samples, gen)
+        return
     signal_code = 0
     with _load(o, default_draft=False) as spec, _terminate_as_interrupt():
         chunks = (spec.chat_stream([{"role": "user", "content": text}], **gen) if as_chat
@@ -269,6 +278,27 @@ def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json
         click.echo(f"error: {warning}", err=True)
     if signal_code or result.warnings:
         sys.exit(signal_code or 1)
+
+
+def _generate_samples(o: dict, text: str, as_chat: bool, as_json: bool, n: int, gen: dict) -> None:
+    with _load(o, default_draft=False) as spec, _terminate_as_interrupt():
+        prompt = (spec.tokenize(spec.format_chat([{"role": "user", "content": text}]), add_special=False)
+                  if as_chat else text)
+        try:
+            results = spec.samples(prompt, n, **gen)
+        except (KeyboardInterrupt, _Terminated) as e:
+            click.echo("interrupted: no sample is kept", err=True)
+            sys.exit(143 if isinstance(e, _Terminated) else 130)
+    stats = aggregate(results, max(r.stats.t_decode for r in results))
+    if as_json:
+        click.echo(json.dumps({"samples": [{"text": r.text, "tokens": r.tokens, "stop_reason": r.stop_reason,
+                                            "seed": r.stats.seed} for r in results],
+                               "stats": stats.to_dict()}))
+        return
+    for i, r in enumerate(results, 1):
+        click.echo(f"--- sample {i}/{n} (seed {r.stats.seed}, {len(r.tokens)} tokens, {r.stop_reason}) ---")
+        click.echo(r.text)
+    click.echo(stats.summary().replace(f"{stats.strategy}:", f"{stats.strategy}, {n} samples:", 1), err=True)
 
 
 class _Terminated(Exception):

@@ -36,6 +36,7 @@ from .sequences import common_prefix
 from .planner import Limits
 from .sampling import Uniforms, sample_at, transform
 from .speculator import Plan, Speculator
+from .trie import Trie
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,9 @@ class Engine:
         accepted = [plan.trie.token[v] for v in path]
         self.tokens += accepted + [token]
         self._rewind(len(self.tokens))
-        candidates = plan.candidates
-        path_sources = tuple(plan.trie.sources(v, candidates) for v in path)
-        self.speculator.learn(Outcome(self.tokens, candidates, plan.lengths, tuple(accepted + [token]),
-                                      path_sources, rider_tokens, plan.choice.cost))
-        drafted: Dict[str, int] = {}
-        for v in range(1, len(plan.trie)):
-            for name in plan.trie.sources(v, candidates):
-                drafted[name] = drafted.get(name, 0) + 1
-        return Step(accepted + [token], len(plan.trie) - 1, drafted, path_sources, max(plan.trie.depth),
-                    t_plan, plan.t_draft, plan.idle)
+        outcome, step = settle(plan, path, token, rider_tokens, self.tokens, t_plan, plan.choice.cost)
+        self.speculator.learn(outcome)
+        return step
 
     def _verify(self, plan: Plan, sampling: SamplingConfig, rng: np.random.Generator,
                 uniform: Callable[[int], float]) -> Tuple[List[int], int, Optional[Tuple[int, ...]]]:
@@ -166,15 +160,19 @@ class Engine:
         n_out = self.target.eval_tree(self.tokens[-1], rows, n_seqs)
         self.speculator.costs.observe("target", 1 + len(rows), self.target.t_llama - busy)
         logits = self.target.logits(n_out)
-        if sampling.greedy:
-            path, token = walk_greedy(trie.children, lambda v: int(logits[v].argmax()))
-        else:
-            path, token = walk_sampled(trie.children, trie.q, lambda v: transform(logits[v], sampling), rng, uniform)
+        path, token = walk(trie, logits, sampling, rng, uniform)
         rider_tokens = None
         if plan.rider is not None:
             rider_tokens = tuple(int(t) for t in logits[len(trie):n_out].argmax(axis=1))
         self.target.keep_path(layout.seq[path[-1]] if path else 0, [trie.token[v] for v in path], n_seqs)
         return path, token, rider_tokens
+
+    def adopt(self, tokens: Sequence[int]) -> None:
+        """Go on with ``tokens`` as the text: the target's sequence 0 holds a prefix of it (a
+        BatchEngine decoded on the context meanwhile); whatever else it holds is dropped."""
+        self._first = None
+        self.tokens = list(tokens)
+        self._rewind(len(self.tokens))
 
     def rewind(self, n: int) -> None:
         """Keep the first ``n`` tokens of the text (the n-th becomes the pending one)."""
@@ -195,3 +193,29 @@ class Engine:
 
     def finish(self) -> None:
         self.speculator.finish(self.tokens)
+
+
+def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
+         uniform: Callable[[int], float]) -> Tuple[List[int], int]:
+    """The target's choice down the trie, ``logits[v]`` its row after node v's path:
+    (accepted nodes, the target's next token)."""
+    if sampling.greedy:
+        return walk_greedy(trie.children, lambda v: int(logits[v].argmax()))
+    return walk_sampled(trie.children, trie.q, lambda v: transform(logits[v], sampling), rng, uniform)
+
+
+def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[Tuple[int, ...]],
+           tokens: Sequence[int], t_plan: float, cost: float) -> Tuple[Outcome, Step]:
+    """What a verified step showed (for learning) and what it emitted (for the caller).
+    ``tokens``: the text after the step; ``cost``: the step's cost, in single-token decodes."""
+    trie, candidates = plan.trie, plan.candidates
+    accepted = [trie.token[v] for v in path]
+    path_sources = tuple(trie.sources(v, candidates) for v in path)
+    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens, cost)
+    drafted: Dict[str, int] = {}
+    for v in range(1, len(trie)):
+        for name in trie.sources(v, candidates):
+            drafted[name] = drafted.get(name, 0) + 1
+    step = Step(accepted + [token], len(trie) - 1, drafted, path_sources, max(trie.depth), t_plan, plan.t_draft,
+                plan.idle)
+    return outcome, step

@@ -15,7 +15,7 @@ from typing import ContextManager, Iterator, List, Optional, Protocol, Sequence,
 import numpy as np
 
 from .config import GenerationConfig, SamplingConfig
-from .engine import Engine
+from .engine import Engine, Step
 from .errors import LlamaspecError, StreamClosedError
 from .sampling import Uniforms
 from .stats import Stats
@@ -98,53 +98,89 @@ class Stream:
         t0 = time.perf_counter()
         stats.n_prompt_eval = engine.prefill(prompt)
         stats.n_prompt, stats.t_prompt = len(prompt), time.perf_counter() - t0
-        seed = config.sampling.seed if config.sampling.seed is not None else random_seed()
+        seed = seed_of(config.sampling)
         stats.seed = None if config.sampling.greedy else seed
         rng = np.random.default_rng(seed)
-        text = TextStream(config.stop)
-        out: List[int] = []
-        stop_reason = "interrupted"
+        collector = Collector(vocab, config, stats)
         max_new = config.max_tokens if config.max_tokens >= 0 else engine.target.n_ctx
         contexts = engine.contexts()
         busy0 = sum(c.t_llama for c in contexts)
-        t0 = time.perf_counter()
         steps = engine.steps(config.sampling, rng, max_new, Uniforms(seed))
         warnings: List[str] = []
         try:
             for step in steps:
-                piece, kept, taken = "", 0, []
-                for token in step.tokens:
-                    kept += 1
-                    if vocab.is_eog(token):
-                        stop_reason = "stop"
-                        break
-                    out.append(token)
-                    taken.append(token)
-                    piece += text.push(vocab.piece(token))
-                    if text.stopped:
-                        stop_reason = "stop"
-                        break
-                stats.record_step(step, kept)
+                chunk, kept = collector.take(step)
                 if kept < len(step.tokens):  # drop what the step accepted past the stop
                     engine.rewind(len(engine.tokens) - len(step.tokens) + kept)
-                yield Chunk(piece, taken, min(step.n_accepted, len(taken)))
-                if stop_reason == "stop":
+                yield chunk
+                if collector.stop_reason == "stop":
                     break
             else:
-                stop_reason = "context" if len(engine.tokens) > engine.target.n_ctx else "length"
+                collector.stop_reason = "context" if len(engine.tokens) > engine.target.n_ctx else "length"
         finally:
             steps.close()
-            stats.t_decode = time.perf_counter() - t0
             stats.t_llama = sum(c.t_llama for c in contexts) - busy0
-            stats.stop_reason = stop_reason
             try:
                 engine.finish()
             except LlamaspecError as e:  # the text is complete: report, do not lose it
                 warnings.append(str(e))
-            self.result = Result(text.released, out, stop_reason, stats, dropped_turns, warnings)
-        tail = text.flush()
-        self.result.text = text.text
-        yield Chunk(tail, [], 0, self.result)
+            self.result = collector.result(dropped_turns, warnings)
+        yield collector.tail()
+
+
+class Collector:
+    """The text of one generation, step by step: tokens up to the end of generation or a stop
+    string, the text safe to show, and the statistics. ``stop_reason`` stays "interrupted"
+    until the caller or a stop says otherwise."""
+
+    def __init__(self, vocab: Vocabulary, config: GenerationConfig, stats: Stats) -> None:
+        self.vocab, self.stats = vocab, stats
+        self.text = TextStream(config.stop)
+        self.tokens: List[int] = []
+        self.stop_reason = "interrupted"
+        self._t0 = time.perf_counter()
+        self._result: Optional[Result] = None
+
+    def clock(self) -> None:
+        """Time the decoding from now (the prompt was read since the collector was made)."""
+        self._t0 = time.perf_counter()
+
+    def take(self, step: Step) -> "tuple[Chunk, int]":
+        """The chunk of one step and how many of its tokens count (fewer when it stopped)."""
+        piece, kept, taken = "", 0, []
+        for token in step.tokens:
+            kept += 1
+            if self.vocab.is_eog(token):
+                self.stop_reason = "stop"
+                break
+            self.tokens.append(token)
+            taken.append(token)
+            piece += self.text.push(self.vocab.piece(token))
+            if self.text.stopped:
+                self.stop_reason = "stop"
+                break
+        self.stats.record_step(step, kept)
+        return Chunk(piece, taken, min(step.n_accepted, len(taken))), kept
+
+    def result(self, dropped_turns: int = 0, warnings: Sequence[str] = ()) -> Result:
+        """The generation as it stands: its decode time ends now."""
+        self.stats.t_decode = time.perf_counter() - self._t0
+        self.stats.stop_reason = self.stop_reason
+        self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
+                              list(warnings))
+        return self._result
+
+    def tail(self) -> Chunk:
+        """The last chunk: what was held back for a stop string that never came, and the result."""
+        assert self._result is not None
+        tail = self.text.flush()
+        self._result.text = self.text.text
+        return Chunk(tail, [], 0, self._result)
+
+
+def seed_of(sampling: SamplingConfig) -> int:
+    """The seed a generation samples with: the configured one, else one drawn at random."""
+    return sampling.seed if sampling.seed is not None else random_seed()
 
 
 def random_seed() -> int:

@@ -73,7 +73,7 @@ class TokenIndex:
         return self._ends.get(ngram, [])
 
 
-def _agreement(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = AGREEMENT) -> int:
+def agreement(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = AGREEMENT) -> int:
     """How many tokens before a_end in ``a`` equal those before b_end in ``b``."""
     n = 0
     while n < limit and n < a_end and n < b_end and a[a_end - 1 - n] == b[b_end - 1 - n]:
@@ -190,7 +190,7 @@ class PromptLookup:
                     if e >= limit or (i, e) in seen:
                         continue
                     seen[(i, e)] = None
-                    scored.append((_agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
+                    scored.append((agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
             if len({indexes[i].tokens[e] for _, _, i, e in scored}) >= max_candidates:
                 break
         scored.sort(key=lambda s: (-s[0], -s[1]))
@@ -223,7 +223,7 @@ class PromptLookup:
 
     def _agreement_at(self, a: Anchor) -> int:
         hist = self.history.tokens
-        return _agreement(self._indexes()[a.index].tokens, a.pos, hist, len(hist))
+        return agreement(self._indexes()[a.index].tokens, a.pos, hist, len(hist))
 
 
 class LookupSource:

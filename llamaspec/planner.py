@@ -56,12 +56,14 @@ ASK_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 class Limits:
     """What one step may verify: the deepest position it may accept (tokens left to generate,
     room in the context), the rows a batch may hold, the positions left in the context after
-    the pending token's, and how many branches (KV-cache sequences)."""
+    the pending token's, and how many branches (KV-cache sequences). ``base_rows``: rows other
+    sequences put in the same decode; this one's rows cost what they add to them."""
 
     max_depth: int
     max_rows: int
     room: int
     max_leaves: int = MAX_LEAVES
+    base_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,11 @@ class Planner:
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
         force_ride = rider is not None and bool(self.fixed)
         rider_rows = len(rider.rows) if rider is not None else 0
-        cost = self.costs.verify
+        base = limits.base_rows
+        below = self.costs.verify(base) if base else 0.0
+
+        def cost(rows: int) -> float:
+            return self.costs.verify(base + rows) - below
 
         chosen: List[int] = []
         picked = [False] * len(parent)

@@ -120,6 +120,23 @@ class FakeContext:
         self._cells = [c for c in kept if c[2]]
         self.tokens.extend(tokens)
 
+    # --- several sequences at once (lanes.py) ---------------------------------------------
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+        self._decode([(t, pos, tuple(ids), lg) for t, pos, ids, lg in rows])
+        return len(self._out)
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        lo, hi = (p0 if p0 >= 0 else 0), (p1 if p1 >= 0 else 1 << 30)
+        for _, _, seqs in [c for c in self._cells if lo <= c[0] < hi]:
+            seqs.discard(seq)
+        self._cells = [c for c in self._cells if c[2]]
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lo, hi = (p0 if p0 >= 0 else 0), (p1 if p1 >= 0 else 1 << 30)
+        for p, _, seqs in self._cells:
+            if src in seqs and lo <= p < hi:
+                seqs.add(dst)
+
     def logits(self, n_rows: int) -> np.ndarray:
         return self._out[:n_rows]
 

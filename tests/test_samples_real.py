@@ -1,0 +1,126 @@
+"""Several sequences in one llama_decode on a real model: every lane's KV cache after every step,
+samples against single runs, prompts that differ, the context handed back to one-sequence
+decoding, and `llamaspec generate --samples`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llamaspec import ConfigError
+from llamaspec.consensus import ConsensusSource
+from llamaspec.generation import make_config
+from llamaspec.lanes import BatchEngine
+from llamaspec.lookup import LookupSource
+from llamaspec.planner import Planner
+from llamaspec.scheduler import Request, Scheduler
+
+from conftest import PROMPTS, SMOL, assert_one_line_error, chatml, run
+from test_engine_real import assert_kv_invariant
+from test_greedy_real import NEAR_TIE
+
+JSON_PROMPT = chatml("Return a JSON list of 3 fictional people, each with name, age, email and city.")
+
+
+def assert_lanes(engine: BatchEngine) -> None:
+    """Each lane's home holds exactly its cached tokens (positions 0 .. n - 1); scratch is empty."""
+    ctx = engine.target
+    for ln in engine.lanes:
+        n = len(ln.cached)
+        assert (ctx.pos_min(ln.home), ctx.pos_max(ln.home)) == ((0, n - 1) if n else (-1, -1)), f"lane {ln.home}"
+        if ln.state == "decoding":
+            assert ln.cached == ln.tokens[:-1]
+    for seq in engine.scratch:
+        assert ctx.pos_max(seq) == -1, f"scratch sequence {seq} has stale cells"
+
+
+def scheduler(spec, n_lanes: int) -> Scheduler:
+    engine = BatchEngine(spec.ctx, n_lanes)
+    engine.adopt(0, spec.ctx.tokens)
+    return Scheduler(engine, spec.model, lambda sib, i: [LookupSource(), ConsensusSource(sib, i)],
+                     Planner(spec._costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
+
+
+def drive(sched: Scheduler, requests) -> None:
+    for r in requests:
+        sched.submit(r)
+    for _ in range(2000):
+        if not sched.busy:
+            break
+        sched.step()
+        assert_lanes(sched.engine)
+    assert all(r.done.is_set() for r in requests)
+
+
+@pytest.fixture
+def smol_spec(make_spec):
+    return make_spec(SMOL)
+
+
+def test_samples_kv_invariant_every_step_and_equal_to_single_runs(smol_spec):
+    prompt = smol_spec.tokenize(JSON_PROMPT)
+    sched = scheduler(smol_spec, 4)
+    request = Request(prompt, make_config(max_tokens=48, temperature=0.8, seed=11, stop=["}"]), n=4)
+    drive(sched, [request])
+    smol_spec.engine.adopt(sched.engine.release())
+    assert_kv_invariant(smol_spec)
+    for i, result in enumerate(request.results):
+        alone = smol_spec.generate(prompt, max_tokens=48, temperature=0.8, seed=11 + i, stop=["}"])
+        assert result.tokens == alone.tokens, f"sample {i}"
+        assert result.stop_reason == alone.stop_reason
+    assert sum(r.stats.n_prompt_eval for r in request.results) == len(prompt)  # read once
+
+
+def test_prompts_that_differ_decode_together_as_alone(smol_spec, reference):
+    """Greedy text decoded beside other sequences equals the text decoded alone, or leaves it
+    where the top-1/top-2 logit gap is below NEAR_TIE (batches of other sizes round differently)."""
+    prompts = [smol_spec.tokenize(p) for p in PROMPTS]
+    alone = [smol_spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts]
+    smol_spec.reset()
+    sched = scheduler(smol_spec, 3)
+    requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
+    drive(sched, requests)
+    for p, r, expected in zip(prompts, requests, alone):
+        tokens = r.results[0].tokens
+        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+        if first is not None:
+            _, gap = reference(SMOL).top2(p, tokens[:first + 1])
+            assert gap[first] < NEAR_TIE, f"token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
+        else:
+            assert tokens == expected
+    # a second round reuses each lane's cache: only the new part of a prompt is read
+    again = [Request(p + r.results[0].tokens, make_config(max_tokens=8, temperature=0))
+             for p, r in zip(prompts, requests)]
+    drive(sched, again)
+    assert [r.results[0].stats.n_prompt_eval for r in again] == [1, 1, 1]
+
+
+def test_generate_n_hands_the_context_back(smol_spec):
+    before = smol_spec.generate(PROMPTS[1], max_tokens=24, temperature=0)
+    results = smol_spec.generate(JSON_PROMPT, n=3, max_tokens=32, temperature=0.9, seed=2)
+    assert len(results) == 3 and all(r.tokens for r in results)
+    assert len({tuple(r.tokens) for r in results}) > 1
+    assert_kv_invariant(smol_spec)
+    after = smol_spec.generate(PROMPTS[1], max_tokens=24, temperature=0)
+    assert after.tokens == before.tokens
+    assert_kv_invariant(smol_spec)
+    with pytest.raises(ConfigError, match="temperature 0"):
+        smol_spec.generate(JSON_PROMPT, n=2, temperature=0)
+    assert_kv_invariant(smol_spec)
+
+
+def test_cli_samples(model_file):
+    args = ["generate", "-m", str(model_file(SMOL)), "-t", "2", "-p", JSON_PROMPT, "-n", "24", "--seed", "4"]
+    out = run(*args, "--samples", "3", "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert [s["seed"] for s in doc["samples"]] == [4, 5, 6]
+    assert all(set(s) == {"text", "tokens", "stop_reason", "seed"} for s in doc["samples"])
+    stats = doc["stats"]
+    assert stats["n_predict"] >= sum(len(s["tokens"]) for s in doc["samples"]) > 0
+    assert stats["decode_tps"] > 0 and "consensus" in stats["sources"] and "lookup" in stats["sources"]
+    text = run(*args, "--samples", "3")
+    assert text.exit_code == 0 and text.stdout.count("--- sample ") == 3 and "--- sample 3/3 (seed 6," in text.stdout
+    assert_one_line_error(run(*args, "--samples", "2", "--temp", "0"), "temperature 0")
+    assert_one_line_error(run(*args, "--samples", "17"), "17")
