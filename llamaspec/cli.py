@@ -35,6 +35,7 @@ from .planner import Planner
 from .repl import run_chat
 from .replay import copy_oracle, replay
 from .scheduler import Request, aggregate
+from .bench.samples import run_samples, table as samples_table
 from .speculator import Speculator
 
 
@@ -540,8 +541,11 @@ def _write(path: Path, text: str) -> None:
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the report as JSON.")
 @click.option("--plot", "plot_file", type=click.Path(path_type=Path),
               help="Write a bar chart of the speed-ups as PNG (needs matplotlib: pip install 'llamaspec[plot]').")
+@click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
+              help="Instead: N samples of each prompt decoded together against N separate runs (needs --temp > 0; "
+                   "default prompts json_record, code_edit).")
 def bench_command(temperature: float, strategies: Optional[str], prompts: Optional[str], files: List[Path],
-                  repeat: int, json_file: Optional[Path], plot_file: Optional[Path], **o: Any) -> None:
+                  repeat: int, json_file: Optional[Path], plot_file: Optional[Path], samples: int, **o: Any) -> None:
     """Plain decoding and each strategy on a prompt suite, same models and settings, one process:
     decode t/s (median, min, max), speed-up over plain, acceptance, tokens per target call,
     prompt t/s, peak memory, and whether the greedy output equals plain's."""
@@ -549,6 +553,13 @@ def bench_command(temperature: float, strategies: Optional[str], prompts: Option
         require_matplotlib()
     _check_writable(json_file, plot_file)
     settings = _bench_settings(o, repeat, temperature, o["seed"])
+    if samples > 1:
+        chosen = load_suite(_names(prompts)) if prompts is not None else None
+        rows = run_samples(settings, samples, chosen, o["cache_dir"])
+        click.echo(samples_table(rows))
+        if json_file is not None:
+            _write(json_file, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        return
     suite = load_suite(_names(prompts)) if prompts is not None or not files else []
     suite += [SuitePrompt(f.stem, f"user message from {f}", _read(f, "prompt file ")) for f in files]
     report = run_bench(settings, _names(strategies), suite, o["cache_dir"])

@@ -124,3 +124,15 @@ def test_cli_samples(model_file):
     assert text.exit_code == 0 and text.stdout.count("--- sample ") == 3 and "--- sample 3/3 (seed 6," in text.stdout
     assert_one_line_error(run(*args, "--samples", "2", "--temp", "0"), "temperature 0")
     assert_one_line_error(run(*args, "--samples", "17"), "17")
+
+
+def test_bench_samples(model_file):
+    args = ["bench", "-m", str(model_file(SMOL)), "-t", "2", "-n", "16", "--repeat", "1", "--temp", "0.8",
+            "--prompts", "json_record", "--seed", "1"]
+    out = run(*args, "--samples", "3")
+    assert out.exit_code == 0, out.output
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("| json_record")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "3" and float(cells[2]) > 0 and float(cells[3]) > 0 and cells[4].endswith("x")
+    assert "consensus" in cells[5] and "lookup" in cells[5]
+    assert_one_line_error(run(*args[:-4], "--temp", "0", "--samples", "3"), "--temp above 0")
