@@ -22,7 +22,7 @@ how many tokens before the occurrence agree with the text.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 

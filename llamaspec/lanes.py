@@ -73,7 +73,6 @@ class Lane:
     uniform: Optional[Uniform] = None
     left: int = 0
     limit: int = 0
-    n_prompt_eval: int = 0
 
     @property
     def live(self) -> bool:
@@ -131,7 +130,6 @@ class BatchEngine:
             lane.sampling = sampling
             lane.rng, lane.uniform = seeds[i]
             lane.left, lane.limit = max_new, limit
-            lane.n_prompt_eval = 0
         return len(prompt) - keep
 
     def stop(self, lane: int, keep: Optional[int] = None) -> None:
@@ -209,7 +207,6 @@ class BatchEngine:
             logits = target.logits(n_out)
             for ln, take, row in chunks:
                 ln.cached += ln.tokens[len(ln.cached):len(ln.cached) + take]
-                ln.n_prompt_eval += take
                 if row >= 0:
                     emitted += self._first_tokens(ln, logits[row])
             step_cost = costs.verify(len(rows)) if costs is not None else 0.0

@@ -164,8 +164,7 @@ def test_bad_requests_are_one_line_errors():
 @pytest.mark.parametrize("position", [0, 3])
 def test_each_sample_is_distributed_as_the_target(position):
     """Chi-square per sample index: the token at ``position`` over many seeded groups, against
-    the fake target's exact marginal there (the tokens before it fixed by forcing a sharp prefix
-    is not possible, so the marginal is summed over the paths up to it)."""
+    the fake target's exact marginal there (summed over every path up to it)."""
     prompt = copying_prompt()[:12]
     cfg = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     # exact marginal distribution at ``position`` (V**position paths; position 3 is 15**3 rows)
