@@ -34,7 +34,7 @@ from .ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
 from .planner import Planner
 from .repl import run_chat
 from .replay import copy_oracle, replay
-from .scheduler import Request, aggregate
+from .scheduler import aggregate, check_samples
 from .bench.samples import run_samples, table as samples_table
 from .speculator import Speculator
 
@@ -254,7 +254,7 @@ def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json
     if not text.strip():
         raise click.UsageError("the prompt is empty")
     if samples > 1:
-        Request([0], make_config(**gen), samples)  # a bad combination fails before loading
+        check_samples(samples, make_config(**gen))  # before loading
         _generate_samples(o, text, as_chat, as_json, samples, gen)
         return
     signal_code = 0
@@ -290,7 +290,7 @@ def _generate_samples(o: dict, text: str, as_chat: bool, as_json: bool, n: int, 
         except (KeyboardInterrupt, _Terminated) as e:
             click.echo("interrupted: no sample is kept", err=True)
             sys.exit(143 if isinstance(e, _Terminated) else 130)
-    stats = aggregate(results, max(r.stats.t_decode for r in results))
+    stats = aggregate(results)
     if as_json:
         click.echo(json.dumps({"samples": [{"text": r.text, "tokens": r.tokens, "stop_reason": r.stop_reason,
                                             "seed": r.stats.seed} for r in results],
@@ -299,7 +299,8 @@ def _generate_samples(o: dict, text: str, as_chat: bool, as_json: bool, n: int, 
     for i, r in enumerate(results, 1):
         click.echo(f"--- sample {i}/{n} (seed {r.stats.seed}, {len(r.tokens)} tokens, {r.stop_reason}) ---")
         click.echo(r.text)
-    click.echo(stats.summary().replace(f"{stats.strategy}:", f"{stats.strategy}, {n} samples:", 1), err=True)
+    stats.strategy += f", {n} samples"
+    click.echo(stats.summary(), err=True)
 
 
 class _Terminated(Exception):

@@ -106,7 +106,6 @@ class Stream:
         contexts = engine.contexts()
         busy0 = sum(c.t_llama for c in contexts)
         steps = engine.steps(config.sampling, rng, max_new, Uniforms(seed))
-        warnings: List[str] = []
         try:
             for step in steps:
                 chunk, kept = collector.take(step)
@@ -120,11 +119,11 @@ class Stream:
         finally:
             steps.close()
             stats.t_llama = sum(c.t_llama for c in contexts) - busy0
+            self.result = collector.result(dropped_turns)
             try:
                 engine.finish()
             except LlamaspecError as e:  # the text is complete: report, do not lose it
-                warnings.append(str(e))
-            self.result = collector.result(dropped_turns, warnings)
+                self.result.warnings.append(str(e))
         yield collector.tail()
 
 
@@ -162,12 +161,11 @@ class Collector:
         self.stats.record_step(step, kept)
         return Chunk(piece, taken, min(step.n_accepted, len(taken))), kept
 
-    def result(self, dropped_turns: int = 0, warnings: Sequence[str] = ()) -> Result:
+    def result(self, dropped_turns: int = 0) -> Result:
         """The generation as it stands: its decode time ends now."""
         self.stats.t_decode = time.perf_counter() - self._t0
         self.stats.stop_reason = self.stop_reason
-        self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
-                              list(warnings))
+        self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns)
         return self._result
 
     def tail(self) -> Chunk:

@@ -33,7 +33,7 @@ from .planner import Planner
 from .sampling import Uniforms
 from .speculator import Speculator
 from .sequences import common_prefix
-from .stats import SourceStats, Stats
+from .stats import SourceStats, Stats, sum_sources
 
 # The sources of sample i of a request: (its group's siblings, i) -> sources.
 SourceFactory = Callable[[Siblings, int], List[Source]]
@@ -44,17 +44,22 @@ class Request:
     as samples end; ``done`` is set once every sample has."""
 
     def __init__(self, prompt: Sequence[int], config: GenerationConfig, n: int = 1, strategy: str = "plain") -> None:
-        if n < 1:
-            raise ConfigError(f"the number of samples must be >= 1, got {n}")
-        if n > 1 and config.sampling.greedy:
-            raise ConfigError(f"{n} samples at temperature 0 would all be the same text; sample with a temperature "
-                              f"above 0 or ask for one")
+        check_samples(n, config)
         self.prompt, self.config, self.n, self.strategy = list(prompt), config, n, strategy
         self.events: "queue.SimpleQueue[Tuple[int, Chunk]]" = queue.SimpleQueue()
         self.results: List[Optional[Result]] = [None] * n
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.cancelled = False
+
+
+def check_samples(n: int, config: GenerationConfig) -> None:
+    """ConfigError unless ``n`` samples can be drawn with ``config``."""
+    if n < 1:
+        raise ConfigError(f"the number of samples must be >= 1, got {n}")
+    if n > 1 and config.sampling.greedy:
+        raise ConfigError(f"{n} samples at temperature 0 would all be the same text; sample with a temperature "
+                          f"above 0 or ask for one")
 
 
 @dataclass
@@ -198,25 +203,24 @@ class Scheduler:
         collector = sample.collector
         if collector.stop_reason != "stop":
             collector.stop_reason = reason
-        warnings = []
-        for source in sample.sources:  # every source is listed, verified or not
-            collector.stats.sources.setdefault(source.name, SourceStats())
+        result = collector.result()
         for source in sample.sources:
+            result.stats.sources.setdefault(source.name, SourceStats())  # every source is listed, verified or not
             try:
                 source.finish(self.engine.lanes[sample.lane].tokens)
-            except LlamaspecError as e:
-                warnings.append(str(e))
+            except LlamaspecError as e:  # the text is complete: report, do not lose it
+                result.warnings.append(str(e))
         request = sample.request
-        result = collector.result(0, warnings)
         request.results[sample.index] = result
         request.events.put((sample.index, collector.tail()))
         if all(r is not None for r in request.results):
             request.done.set()
 
 
-def aggregate(results: Sequence[Result], wall: float) -> Stats:
+def aggregate(results: Sequence[Result]) -> Stats:
     """One Stats for several samples decoded together: tokens summed, ``t_decode`` the wall time
-    (so ``decode_tps`` is all generated tokens over it), per-source counts summed."""
+    from their first token to the last one's end (so ``decode_tps`` is all generated tokens over
+    it), per-source counts summed."""
     total = Stats(strategy=results[0].stats.strategy if results else "plain")
     for r in results:
         s = r.stats
@@ -228,10 +232,6 @@ def aggregate(results: Sequence[Result], wall: float) -> Stats:
         total.n_accept += s.n_accept
         total.n_target_calls = max(total.n_target_calls, s.n_target_calls)
         total.t_plan += s.t_plan
-        for name, src in s.sources.items():
-            mine = total.sources.setdefault(name, SourceStats())
-            mine.drafted += src.drafted
-            mine.accepted += src.accepted
-            mine.steps += src.steps
-    total.t_decode = wall
+        total.t_decode = max(total.t_decode, s.t_decode)
+    total.sources = sum_sources(r.stats for r in results)
     return total

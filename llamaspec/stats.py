@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 if TYPE_CHECKING:
     from .engine import Step
@@ -127,3 +127,15 @@ class Stats:
         if self.stop_reason in ("context", "interrupted"):
             line += ", stopped: " + ("the context is full" if self.stop_reason == "context" else "interrupted")
         return line
+
+
+def sum_sources(stats: Iterable[Stats]) -> Dict[str, SourceStats]:
+    """Each source's counts summed over several generations."""
+    total: Dict[str, SourceStats] = {}
+    for s in stats:
+        for name, src in s.sources.items():
+            mine = total.setdefault(name, SourceStats())
+            mine.drafted += src.drafted
+            mine.accepted += src.accepted
+            mine.steps += src.steps
+    return total

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -29,7 +28,7 @@ from .._llama import ModelPool
 from ..api import LlamaSpec, Result
 from ..errors import ConfigError
 from ..replay import copy_oracle
-from ..stats import SourceStats
+from ..stats import sum_sources
 from .memory import memory_method, peak_rss_mb, reset_peak_rss, rss_mb
 from .report import BenchReport, PromptInfo, Row, StrategyInfo, first_difference, machine_info, version
 from .settings import STRATEGIES, BenchSettings, build_spec, check_strategies, default_strategies
@@ -108,12 +107,7 @@ def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Op
     median = statistics.median(tps)
     n_predict, n_calls = sum(s.n_predict for s in stats), sum(s.n_target_calls for s in stats)
     n_drafted, n_accept = sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats)
-    sources: Dict[str, SourceStats] = {}
-    for s in stats:
-        for name, src in s.sources.items():
-            total = sources.setdefault(name, SourceStats())
-            sources[name] = replace(total, drafted=total.drafted + src.drafted, accepted=total.accepted + src.accepted,
-                                    steps=total.steps + src.steps)
+    sources = sum_sources(stats)
     output = "not checked (sampling)"
     if greedy:
         diffs = [first_difference(r.tokens, plain_tokens) for r, _ in runs]

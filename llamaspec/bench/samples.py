@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from .. import models
 from ..errors import ConfigError
-from ..stats import SourceStats
+from ..scheduler import aggregate
+from ..stats import SourceStats, Stats, sum_sources
 from .settings import BenchSettings, build_spec
 from .suite import SuitePrompt, load_suite, render
 
@@ -55,24 +56,21 @@ def run_samples(settings: BenchSettings, n: int, prompts: Optional[Sequence[Suit
     options = dict(max_tokens=settings.n_predict, temperature=settings.temperature)
     try:
         spec.generate("Hello", max_tokens=4, temperature=0)  # warm-up: page the weights in
+        inputs = [spec.tokenize(text, add_special=False) for text in texts]
+        together_stats: List[List[Stats]] = [[] for _ in rows]
         for r in range(settings.repeat):
-            for row, text in zip(rows, texts):
-                tokens = spec.tokenize(text, add_special=False)
+            for row, tokens, kept in zip(rows, inputs, together_stats):
                 seed = (settings.seed or 0) + 1000 * r
                 spec.reset()
                 alone = [spec.generate(tokens, seed=seed + i, **options) for i in range(n)]
                 row.separate_tps.append(sum(x.stats.n_predict for x in alone) / sum(x.stats.t_decode for x in alone))
                 spec.reset()
-                together = spec.samples(tokens, n, seed=seed, **options)
-                wall = max(x.stats.t_decode for x in together)
-                row.together_tps.append(sum(x.stats.n_predict for x in together) / wall)
-                for x in together:
-                    for name, s in x.stats.sources.items():
-                        total = row.sources.setdefault(name, SourceStats())
-                        total.drafted += s.drafted
-                        total.accepted += s.accepted
-                        total.steps += s.steps
+                together = aggregate(spec.samples(tokens, n, seed=seed, **options))
+                row.together_tps.append(together.decode_tps)
+                kept.append(together)
                 bar.update()
+        for row, kept in zip(rows, together_stats):
+            row.sources = sum_sources(kept)
     finally:
         bar.close()
         spec.close()
