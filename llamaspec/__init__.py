@@ -9,6 +9,8 @@
 from ._llama import ModelPool
 from .agreement import AgreementReport, CandidateAgreement, agreement
 from .api import LlamaSpec, load
+from .batcher import Batcher
+from .scheduler import RequestStream
 from .generation import Chunk, Result, Stream
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig)
@@ -29,6 +31,7 @@ from .stats import SourceStats, Stats
 
 __all__ = [
     "AgreementReport",
+    "Batcher",
     "CandidateAgreement",
     "CacheFormatError",
     "Chunk",
@@ -45,6 +48,7 @@ __all__ = [
     "ModelError",
     "ModelPool",
     "PromptError",
+    "RequestStream",
     "Result",
     "SamplingConfig",
     "SpecConfig",

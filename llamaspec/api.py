@@ -6,7 +6,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ._llama import Context, Model, ModelPool, supports_gpu_offload
 from .chat import ChatTemplate, Message, fit
@@ -25,8 +25,9 @@ from .ngram_cache import CacheSource, NgramCaches
 from .planner import MAX_LEAVES, Planner
 from .speculator import Speculator
 from .consensus import ConsensusSource, Siblings
-from .lanes import BatchEngine
-from .scheduler import Request, Scheduler
+from .lanes import BatchEngine, check_prompt
+from .scheduler import Request, RequestStream, Scheduler
+from .batcher import Batcher
 from .models import resolve_model
 from .generation import Chunk, Result, Stream, last, make_config
 from .vocab import check_compatible
@@ -54,8 +55,9 @@ class LlamaSpec:
                  pool: Optional[ModelPool] = None) -> None:
         self.target_config, self.draft_config = target, draft_config
         self._lock = threading.RLock()
-        self._active: Optional[Stream] = None
+        self._active: Optional[Union[Stream, RequestStream]] = None
         self._closed = False
+        self._batchers: List[Batcher] = []
         spec = SpecConfig.parse(spec) if isinstance(spec, str) else spec
         names = spec.resolve(draft is not None, bool(lookup.cache_static or lookup.cache_dynamic))
         if references and not names & {"lookup", "lookahead"}:
@@ -145,23 +147,52 @@ class LlamaSpec:
 
     def samples(self, prompt: Prompt, n: int, **options: Any) -> List[Result]:
         """``n`` samples of one prompt decoded together in every llama_decode (see generate)."""
+        with self._lock:
+            stream = self.sample_stream(prompt, n, **options)
+            for _ in stream:
+                pass
+            return stream.results
+
+    def sample_stream(self, prompt: Prompt, n: int, **options: Any) -> RequestStream:
+        """(sample index, Chunk) as ``n`` samples of one prompt decoded together accept text;
+        each sample's last chunk carries its Result. The samples run on this LlamaSpec's
+        context, so, like a Stream, this one is closed when another generation starts."""
         config = make_config(**options)
         request = Request(self._prompt_tokens(prompt), config, n, self.spec_name)  # bad n: before any decoding
         with self._lock:
             self._check_open()
+            check_prompt(len(request.prompt), self.ctx.n_ctx)
             if n > MAX_SAMPLES:
                 raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
             if self._active is not None and not self._active.done:
                 self._active.close("this stream was closed: another generation started on the same LlamaSpec")
             lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
             lanes.adopt(0, self.ctx.tokens)
-            try:
-                scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs),
-                                      self.ctx.n_ctx, self.ctx.n_ctx)
-                scheduler.run(request)
-            finally:
-                self.engine.adopt(lanes.release())
-            return [r for r in request.results if r is not None]
+            scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs),
+                                  self.ctx.n_ctx, self.ctx.n_ctx)
+            scheduler.submit(request)
+            self._active = RequestStream(request, scheduler.cancel, scheduler.step,
+                                         lambda: self.engine.adopt(lanes.release()), self._lock)
+            return self._active
+
+    def batcher(self, parallel: int) -> Batcher:
+        """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
+        with this LlamaSpec's context size, on a context of their own (see batcher.py). Their
+        sources: lookup (with the references) and, between samples of one request, consensus.
+        Closed with this LlamaSpec at the latest."""
+        if not 1 <= parallel <= MAX_SAMPLES:
+            raise ConfigError(f"parallel sequences must be between 1 and {MAX_SAMPLES}, got {parallel}")
+        with self._lock:
+            self._check_open()
+            cfg, n_ctx = self.target_config, self.ctx.n_ctx
+            # every lane's share, and room for one batch of branch rows on top of them
+            ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + MAX_LEAVES)
+            planner = Planner(CostModel(self._costs.curves["target"]))  # learns this batch's timings, not ours
+            scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._lane_sources, planner,
+                                  n_ctx * parallel, n_ctx)
+            batcher = Batcher(scheduler, ctx, self._prompt_tokens, self.spec_name)
+            self._batchers.append(batcher)
+            return batcher
 
     def _lane_sources(self, siblings: Siblings, i: int) -> List[Source]:
         """Sample i's sources: lookup (its own text and the references) and its siblings."""
@@ -185,13 +216,20 @@ class LlamaSpec:
         instead."""
         config = make_config(**options)
         with self._lock:
+            tokens, dropped = self.chat_prompt(messages, config.max_tokens, trim)
+            return self._start(tokens, config, dropped)
+
+    def chat_prompt(self, messages: Sequence[Message], max_tokens: int = -1, trim: bool = True) -> Tuple[List[int], int]:
+        """The tokens of chat messages as a prompt, and how many of the oldest turns were left out
+        so that it fits the context with room for the reply (see chat_stream)."""
+        with self._lock:
             self._check_open()
-            room = self.ctx.n_ctx - reply_room(config.max_tokens, self.ctx.n_ctx)
+            room = self.ctx.n_ctx - reply_room(max_tokens, self.ctx.n_ctx)
             kept, dropped = fit(messages, lambda m: len(self._chat_tokens(m)), room)
             if dropped and not trim:
                 raise PromptError(f"the conversation does not fit the {self.ctx.n_ctx}-token context with room for "
                                   f"the reply; {dropped} of its oldest turns would have to go")
-            return self._start(self._chat_tokens(kept), config, dropped)
+            return self._chat_tokens(kept), dropped
 
     def _chat_tokens(self, messages: Sequence[Message]) -> List[int]:
         for m in messages:
@@ -257,6 +295,8 @@ class LlamaSpec:
             if self._active is not None and not self._active.done:
                 self._active.close("this stream was closed: its LlamaSpec was closed")
             self._closed = True
+            for batcher in self._batchers:
+                batcher.close()
             for ctx in self.engine.contexts():
                 ctx.close()
             self._release_models()

@@ -352,17 +352,24 @@ def chat(system: str, no_stats: bool, **o: Any) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
 @click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY) on every /v1 request.")
 @click.option("--queue", type=click.IntRange(0), default=16, show_default=True,
-              help="Requests that may wait while one is served; more get 503 at once.")
-def serve(host: str, port: int, api_key: Optional[str], queue: int, **o: Any) -> None:
+              help="Requests that may wait while --parallel are served; more get 503 at once.")
+@click.option("--parallel", "-np", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
+              help="Requests decoded together (each on its own KV-cache sequence of --ctx-size tokens, with "
+                   "lookup drafting); 1: one at a time with every source.")
+def serve(host: str, port: int, api_key: Optional[str], queue: int, parallel: int, **o: Any) -> None:
     """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
     speculation as generate and chat. Needs: pip install 'llamaspec[server]'."""
     from .server import check_address, require_server, serve as run_server
+    if parallel > 1 and o["draft"]:
+        raise click.UsageError(f"--parallel {parallel} drafts with lookup (and between the choices of one request); "
+                               f"a draft model is not used there: leave out --draft or serve with --parallel 1")
     require_server()  # before loading any model
     check_address(host, port)
     with _load(o, default_draft=False) as spec:
-        click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}) on http://{host}:{port}/v1; "
+        together = f", {parallel} requests decoded together" if parallel > 1 else ""
+        click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}{together}) on http://{host}:{port}/v1; "
                    f"Ctrl-C stops", err=True)
-        run_server(spec, host, port, queue, api_key)
+        run_server(spec, host, port, queue, api_key, parallel)
 
 
 @cli.group("models")

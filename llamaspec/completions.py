@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError
-from .generation import Result, Stream, last
+from .generation import Chunk, Result, Stream
+from .scheduler import RequestStream, aggregate
+from .stats import Stats
 
 Response = Dict[str, Any]
 
@@ -29,36 +31,37 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
                       stream: bool = False, seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
                       mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                       stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
-                      logit_bias: Optional[Dict[str, float]] = None) -> Union[Response, Iterator[Response]]:
+                      logit_bias: Optional[Dict[str, float]] = None, n: int = 1,
+                      batcher: Any = None) -> Union[Response, Iterator[Response]]:
     """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
-    ``llama_cpp.Llama.create_completion`` returns it."""
+    ``llama_cpp.Llama.create_completion`` returns it; with ``n`` > 1, n choices (samples decoded
+    together, as OpenAI's ``n``). With a ``batcher`` (LlamaSpec.batcher) the request is decoded
+    beside the batcher's other requests."""
     refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None,
            grammar=grammar is not None, logit_bias=bool(logit_bias))
-    chunks = spec.stream(prompt, **options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model or spec.model_name}
+    events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
     if stream:
-        return _completion_chunks(chunks, head)
-    result = last(chunks)
-    return {**head, "choices": [{"text": result.text, "index": 0, "logprobs": None,
-                                 "finish_reason": finish_reason(result)}],
-            "usage": usage(result), "timings": timings(result)}
+        return _completion_chunks(events, n, head)
+    results = _results(events, n)
+    return {**head, "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": finish_reason(r)}
+                                for i, r in enumerate(results)], **_totals(results)}
 
 
-def _completion_chunks(chunks: Stream, head: Response) -> Iterator[Response]:
+def _completion_chunks(events: "Events", n: int, head: Response) -> Iterator[Response]:
     try:
-        for chunk in chunks:
+        for i, chunk, totals in _read(events, n):
             if chunk.result is not None:
-                r = chunk.result
-                yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None,
-                                            "finish_reason": finish_reason(r)}], "usage": usage(r), "timings": timings(r)}
+                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": None,
+                                            "finish_reason": finish_reason(chunk.result)}], **totals}
             elif chunk.text:
-                yield {**head, "choices": [{"text": chunk.text, "index": 0, "logprobs": None, "finish_reason": None}]}
+                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": None, "finish_reason": None}]}
     finally:
-        chunks.close()  # a reader that stops early stops the generation
+        events.close()  # a reader that stops early stops the generation
 
 
 def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functions: Any = None,
@@ -71,10 +74,11 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
                            mirostat_eta: float = 0.1, model: Optional[str] = None, logits_processor: Any = None,
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
-                           trim: bool = False) -> Union[Response, Iterator[Response]]:
+                           trim: bool = False, n: int = 1, batcher: Any = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
-    ``llama_cpp.Llama.create_chat_completion`` returns it. A conversation longer than the
-    context raises PromptError, unless ``trim`` leaves its oldest turns out."""
+    ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
+    create_completion). A conversation longer than the context raises PromptError, unless
+    ``trim`` leaves its oldest turns out."""
     plain = response_format is not None and dict(response_format).get("type", "text") != "text"
     refuse(functions=functions is not None, function_call=function_call is not None, tools=bool(tools),
            tool_choice=tool_choice is not None, typical_p=typical_p != 1.0, response_format=plain,
@@ -82,32 +86,89 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            logits_processor=logits_processor is not None, grammar=grammar is not None, logit_bias=bool(logit_bias),
            logprobs=bool(logprobs), top_logprobs=top_logprobs is not None)
-    chunks = spec.chat_stream([_text_message(m) for m in messages], trim=trim,
-                              **options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
+    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed)
+    tokens, dropped = spec.chat_prompt([_text_message(m) for m in messages], opts["max_tokens"], trim)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
+    events = _start(spec, batcher, tokens, n, opts)
     if stream:
-        return _chat_chunks(chunks, head)
-    result = last(chunks)
+        return _chat_chunks(events, n, head)
+    results = _results(events, n)
     return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None,
-                         "finish_reason": finish_reason(result)}],
-            "usage": usage(result), "timings": timings(result)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+                         "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
 
 
-def _chat_chunks(chunks: Stream, head: Response) -> Iterator[Response]:
+def _chat_chunks(events: "Events", n: int, head: Response) -> Iterator[Response]:
     head = {**head, "object": "chat.completion.chunk"}
     try:
-        yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}]}
-        for chunk in chunks:
+        for i in range(n):
+            yield {**head, "choices": [{"index": i, "delta": {"role": "assistant"}, "logprobs": None,
+                                        "finish_reason": None}]}
+        for i, chunk, totals in _read(events, n):
             if chunk.text:
-                yield {**head, "choices": [{"index": 0, "delta": {"content": chunk.text}, "logprobs": None,
+                yield {**head, "choices": [{"index": i, "delta": {"content": chunk.text}, "logprobs": None,
                                             "finish_reason": None}]}
             if chunk.result is not None:
-                r = chunk.result
-                yield {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                            "finish_reason": finish_reason(r)}], "usage": usage(r), "timings": timings(r)}
+                yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                            "finish_reason": finish_reason(chunk.result)}], **totals}
     finally:
-        chunks.close()  # a reader that stops early stops the generation
+        events.close()  # a reader that stops early stops the generation
+
+
+class _One:
+    """One generation on the LlamaSpec's own context as the events of a one-sample request."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Tuple[int, Chunk]]:
+        return ((0, chunk) for chunk in self.stream)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+Events = Union[_One, RequestStream]
+
+
+def _start(spec: Any, batcher: Any, prompt: Union[str, List[int]], n: int, opts: Dict[str, Any]) -> Events:
+    """One choice on the LlamaSpec's own context (with every source it has), or n samples decoded
+    together: on the LlamaSpec's context, or through ``batcher`` beside other requests."""
+    if n == 1 and batcher is None:
+        return _One(spec.stream(prompt, **opts))
+    return (batcher or spec).sample_stream(prompt, n, **opts)
+
+
+def _read(events: Events, n: int) -> Iterator[Tuple[int, Chunk, Response]]:
+    """(choice, chunk, totals): totals (usage and timings of every choice) with the last choice's
+    last chunk, else empty."""
+    results: List[Optional[Result]] = [None] * n
+    for i, chunk in events:
+        totals: Response = {}
+        if chunk.result is not None:
+            results[i] = chunk.result
+            if all(r is not None for r in results):
+                totals = _totals([r for r in results if r is not None])
+        yield i, chunk, totals
+
+
+def _results(events: Events, n: int) -> List[Result]:
+    results: List[Optional[Result]] = [None] * n
+    try:
+        for i, chunk in events:
+            if chunk.result is not None:
+                results[i] = chunk.result
+    finally:
+        events.close()
+    return [r for r in results if r is not None]
+
+
+def _totals(results: Sequence[Result]) -> Response:
+    """The response's usage (the prompt counted once) and llama-server's timings, summed over choices."""
+    stats = results[0].stats if len(results) == 1 else aggregate(results)
+    prompt, completion = stats.n_prompt, sum(len(r.tokens) for r in results)
+    return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "timings": timings(stats)}
 
 
 def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
@@ -149,14 +210,8 @@ def finish_reason(result: Result) -> str:
     return "stop" if result.stop_reason == "stop" else "length"
 
 
-def usage(result: Result) -> Dict[str, int]:
-    prompt, completion = result.stats.n_prompt, len(result.tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def timings(result: Result) -> Dict[str, float]:
+def timings(s: Stats) -> Dict[str, float]:
     """llama-server's figures: prompt tokens evaluated now, generated tokens, drafted and accepted."""
-    s = result.stats
     return {"prompt_n": s.n_prompt_eval, "prompt_ms": 1000 * s.t_prompt, "prompt_per_second": s.prompt_tps,
             "predicted_n": s.n_predict, "predicted_ms": 1000 * s.t_decode, "predicted_per_second": s.decode_tps,
             "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept}

@@ -56,6 +56,13 @@ PREFILL_CHUNK = 64
 Uniform = Callable[[int], float]
 
 
+def check_prompt(n_prompt: int, limit: int) -> None:
+    """PromptError unless a prompt of ``n_prompt`` tokens leaves room to generate on a lane of ``limit``."""
+    if n_prompt >= limit:
+        raise PromptError(f"the prompt has {n_prompt} tokens but the context holds {limit} per sequence; "
+                          f"raise the context size (-c) or shorten the prompt")
+
+
 @dataclass(eq=False)
 class Lane:
     """One text. ``cached``: what its home sequence holds; ``limit``: the positions it may use;
@@ -112,9 +119,7 @@ class BatchEngine:
         """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
         prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
         positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms)."""
-        if len(prompt) >= limit:
-            raise PromptError(f"the prompt has {len(prompt)} tokens but a sequence holds {limit}; "
-                              f"raise the context size (-c) or shorten the prompt")
+        check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
         keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
         for i, index in enumerate(lanes):

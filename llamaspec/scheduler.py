@@ -13,12 +13,13 @@ their prompt (read once) and draft from each other (``consensus.py``).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .acceptance_model import AcceptanceModel
 from .candidates import Source
 from .config import GenerationConfig
 from .consensus import Siblings
-from .errors import ConfigError, LlamaspecError
+from .errors import ConfigError, LlamaspecError, StreamClosedError
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
 from .lanes import BatchEngine
 from .planner import Planner
@@ -51,6 +52,80 @@ class Request:
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.cancelled = False
+
+
+class RequestStream:
+    """The (sample, Chunk) events of one request as they come; each sample's last chunk carries
+    its Result, and ``results`` holds them once the stream ends. ``close()`` ends the request
+    early (its samples: what they had, stop reason "interrupted").
+
+    Either this reader makes progress itself (``step``: one scheduler step, under ``lock``, when
+    no event waits) or a thread that steps the scheduler does (``step`` None: reading waits for
+    it). ``end`` runs once, when the request is over."""
+
+    WAIT = 60.0  # seconds close() waits for a stepping thread to drop the request
+
+    def __init__(self, request: Request, cancel: Callable[[Request], None],
+                 step: Optional[Callable[[], None]] = None, end: Callable[[], None] = lambda: None,
+                 lock: Optional[ContextManager] = None) -> None:
+        self.request = request
+        self._cancel, self._step, self._end = cancel, step, end
+        self._lock = lock if lock is not None else contextlib.nullcontext()
+        self._left = request.n  # samples whose last chunk has not been read
+        self._ended = False
+        self._closed: Optional[str] = None
+
+    def __iter__(self) -> "RequestStream":
+        return self
+
+    def __next__(self) -> Tuple[int, Chunk]:
+        with self._lock:
+            if self._closed:
+                raise StreamClosedError(self._closed)
+            if self._left == 0:
+                self._finish()
+                if self.request.error is not None:
+                    raise self.request.error
+                raise StopIteration
+            try:
+                while self._step is not None and self.request.events.empty():
+                    self._step()
+            except BaseException:  # every sample of this request has ended with it
+                self._left = 0
+                self._finish()
+                raise
+            index, chunk = self.request.events.get()
+            if chunk.result is not None:
+                self._left -= 1
+            return index, chunk
+
+    @property
+    def results(self) -> List[Result]:
+        return [r for r in self.request.results if r is not None]
+
+    @property
+    def done(self) -> bool:
+        """The request is over and its lanes are handed back."""
+        return self._ended
+
+    def close(self, reason: str = "") -> None:
+        """End the request now. With ``reason``, reading on raises StreamClosedError(reason)."""
+        with self._lock:
+            if not self.request.done.is_set():
+                self._cancel(self.request)
+                if self._step is not None:
+                    while not self.request.done.is_set():
+                        self._step()
+                else:
+                    self.request.done.wait(self.WAIT)
+                if reason:
+                    self._closed = reason
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._end()
 
 
 def check_samples(n: int, config: GenerationConfig) -> None:
@@ -162,17 +237,14 @@ class Scheduler:
         config = request.config
         seed = seed_of(config.sampling)
         max_new = config.max_tokens if config.max_tokens >= 0 else limit
-        speculators, seeds = [], []
-        for i in range(request.n):
-            sources = self.sources(siblings, i)
-            speculators.append(Speculator(sources, self.model, self.planner))
-            seeds.append((np.random.default_rng(seed + i), Uniforms(seed + i)))
         t0 = time.perf_counter()
         try:
+            speculators = [Speculator(self.sources(siblings, i), self.model, self.planner) for i in range(request.n)]
+            seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit)
-        except LlamaspecError as e:
+        except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
             request.error = e
-            request.done.set()
+            self._cancel_waiting(request)
             return True
         for i, lane in enumerate(lanes):
             stats = Stats(strategy=request.strategy, seed=None if config.sampling.greedy else seed + i,
@@ -180,6 +252,13 @@ class Scheduler:
             self._samples[lane] = _Sample(request, i, lane, Collector(self.vocab, config, stats),
                                           speculators[i].sources, t0)
         return True
+
+    def close(self) -> None:
+        """Stop every request, running or waiting (their results: stop reason "interrupted")."""
+        while not self._inbox.empty():
+            self._waiting.append(self._inbox.get())
+        for request in list(self._waiting) + [s.request for s in self._samples.values()]:
+            self._drop(request)
 
     def _cancel_waiting(self, request: Request) -> None:
         for i in range(request.n):

@@ -146,6 +146,23 @@ class Reference:
             gap.append(float(two[1] - two[0]))
         return np.array(argmax), np.array(gap)
 
+    def greedy(self, prompt: List[int], n: int) -> Tuple[List[int], List[float]]:
+        """Plain greedy decoding: up to ``n`` tokens (ending at an end-of-generation token, not
+        included) and, for each, its top-1/top-2 logit gap."""
+        self.ctx.clear()
+        self.ctx.eval(prompt[:-1])
+        tokens, gaps, token = [], [], prompt[-1]
+        while len(tokens) < n:
+            self.ctx.eval([token], logits="last")
+            row = self.ctx.logits_ith(-1)
+            two = np.partition(row, -2)[-2:]
+            token = int(row.argmax())
+            if self.model.is_eog(token):
+                break
+            tokens.append(token)
+            gaps.append(float(two[1] - two[0]))
+        return tokens, gaps
+
 
 @pytest.fixture(scope="module")
 def reference(model_file, pool):

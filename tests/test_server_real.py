@@ -18,7 +18,8 @@ import psutil
 import pytest
 from openai import APIStatusError, OpenAI
 
-from conftest import THREADS, assert_one_line_error, run
+from conftest import SMOL, THREADS, assert_one_line_error, run
+from test_greedy_real import NEAR_TIE
 from test_robustness_real import console_script
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France", "import numpy as np",
@@ -145,6 +146,90 @@ def test_eight_clients_at_once_each_get_their_answer_alone(plain_server):
     assert together == alone
 
 
+@pytest.fixture(scope="module")
+def parallel_server(smol):
+    """Four requests decoded together, with lookup (what `serve --parallel 4` runs)."""
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--parallel", "4")
+    yield server
+    server.stop()
+
+
+def assert_text_as_alone(ref, prompt: str, text: str, n: int) -> None:
+    """``text`` is plain greedy decoding's, or leaves it first at a token whose top-1/top-2 logit
+    gap is below NEAR_TIE (a batch of other rows rounds differently)."""
+    tokens, gaps = ref.greedy(ref.model.tokenize(prompt, add_special=True, parse_special=True), n)
+    for k in range(len(tokens)):
+        if not text.startswith(ref.model.detokenize(tokens[:k + 1])):
+            assert gaps[k] < NEAR_TIE, f"{prompt!r}: token {k} leaves plain greedy (gap {gaps[k]:.3f}): {text!r}"
+            return
+    assert text == ref.model.detokenize(tokens), prompt
+
+
+def test_eight_clients_on_four_parallel_sequences_answer_as_alone(parallel_server, reference):
+    client = parallel_server.client()
+
+    def ask(prompt):
+        return client.completions.create(model="x", prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, PROMPTS))
+    for prompt, text in zip(PROMPTS, together):
+        assert_text_as_alone(reference(SMOL), prompt, text, 24)
+
+
+def test_a_long_request_does_not_hold_back_short_ones(parallel_server):
+    """A request joins the batch at once and leaves it when done: short answers asked while a
+    long one streams come back before it ends."""
+    client = parallel_server.client()
+    ended = {}
+
+    def long_one(_):
+        stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Write a long story "
+                                                "about a dragon."}], max_tokens=300, temperature=0, stream=True)
+        n = sum(1 for _ in stream)
+        ended["long"] = time.monotonic()
+        return n
+
+    def short(prompt):
+        text = client.completions.create(model="x", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+        return time.monotonic(), text
+
+    with ThreadPoolExecutor(4) as pool:
+        long_future = pool.submit(long_one, 0)
+        time.sleep(1.0)  # the long one is decoding
+        shorts = list(pool.map(short, PROMPTS[:3]))
+        assert long_future.result() > 100
+    assert all(t < ended["long"] for t, _ in shorts), (shorts, ended)
+    assert all(text for _, text in shorts)
+
+
+def test_n_choices(parallel_server, server):
+    """n choices are n samples (seed + i each), streamed or not, from either kind of server."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    for srv in (parallel_server, server):
+        client = srv.client()
+        # asked twice: the second reads the prompt from the cache, as the streamed one will (a
+        # prompt read whole, in a batch of another size, rounds differently)
+        for _ in range(2):
+            reply = client.chat.completions.create(model="x", messages=messages, n=3, max_tokens=12,
+                                                   temperature=0.9, seed=7)
+        assert [c.index for c in reply.choices] == [0, 1, 2] and all(c.message.content for c in reply.choices)
+        assert reply.usage.completion_tokens > 0
+        texts = ["", "", ""]
+        for chunk in client.chat.completions.create(model="x", messages=messages, n=3, max_tokens=12,
+                                                    temperature=0.9, seed=7, stream=True):
+            for choice in chunk.choices:
+                texts[choice.index] += choice.delta.content or ""
+        assert texts == [c.message.content for c in reply.choices]
+        done = client.completions.create(model="x", prompt="Roses are red,", n=2, max_tokens=8, temperature=1.0)
+        assert [c.index for c in done.choices] == [0, 1]
+    status, answer = parallel_server.request("POST", "/v1/completions", {"prompt": "hi", "n": 5, "temperature": 1})
+    assert status == 400 and "at most 4 sequences together (--parallel)" in answer["error"]["message"]
+
+
+def test_parallel_with_a_draft_model_is_a_one_line_error(smol):
+    assert_one_line_error(run("serve", "-m", smol, "-md", smol, "--parallel", "2"), "leave out --draft")
+
+
 def test_a_full_queue_answers_503_at_once(server):
     client = server.client()
 
@@ -194,7 +279,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n = 2"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 0},
+     "temperature 0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 17}, "17"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, "presence_penalty"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 3000}]}, "fit in the context"),
     ("/v1/completions", {"prompt": "word " * 3000}, "context holds"),
@@ -204,8 +291,10 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("kind", ["server", "parallel_server"])
 @pytest.mark.parametrize("path, body, fragment", BAD)
-def test_bad_input_is_a_4xx_with_an_openai_error_body(server, path, body, fragment):
+def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body, fragment):
+    server = request.getfixturevalue(kind)
     status, answer = server.request("POST", path, body)
     assert status == 400, (status, answer)
     assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}

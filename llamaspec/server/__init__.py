@@ -42,8 +42,9 @@ def check_address(host: str, port: int) -> None:
 
 
 def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
-          api_key: Optional[str] = None) -> None:
-    """Serve ``spec`` until interrupted, logging one line per request on stderr."""
+          api_key: Optional[str] = None, parallel: int = 1) -> None:
+    """Serve ``spec`` until interrupted, logging one line per request on stderr; ``parallel`` > 1:
+    that many requests decoded together (a Batcher)."""
     require_server()
     import uvicorn
 
@@ -54,5 +55,10 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
     logger = logging.getLogger("llamaspec.server")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    uvicorn.run(create_app(spec, queue, api_key), host=host, port=port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    batcher = spec.batcher(parallel) if parallel > 1 else None
+    try:
+        uvicorn.run(create_app(spec, queue, api_key, batcher), host=host, port=port, log_level="warning",
+                    access_log=False, timeout_graceful_shutdown=5)
+    finally:
+        if batcher is not None:
+            batcher.close()

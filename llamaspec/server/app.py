@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP API over one LlamaSpec: routes, the request queue, errors.
 
-The engine decodes one sequence at a time, so requests take turns in arrival order: one runs,
-at most ``queue`` wait, and any further one gets 503 at once. A request whose prompt extends the
-previous conversation reuses the KV caches (the LlamaSpec keeps them). Streams are server-sent
+Requests take turns in arrival order: ``parallel`` run, at most ``queue`` wait, and any further
+one gets 503 at once. With one at a time (the default) a request runs on the LlamaSpec itself,
+with every source it has, and one whose prompt extends the previous conversation reuses its KV
+caches. With a Batcher (``--parallel N``) the running requests are decoded together, each on a
+sequence that keeps its KV cache for the next request that starts alike. ``n`` choices are
+samples decoded together. Streams are server-sent
 events as OpenAI sends them; a client that disconnects mid-stream closes its generation at once.
 Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (``errors`` below
 maps exceptions to status codes in one place); the server never answers bad input with a 500.
@@ -24,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from .. import completions
 from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchError
 from .schemas import ChatRequest, CompletionRequest
 
@@ -35,13 +39,13 @@ class Busy(Exception):
 
 
 class Queue:
-    """Requests take turns in arrival order (asyncio.Lock serves its waiters first come, first
-    served); at most ``size`` wait."""
+    """Requests take turns in arrival order (asyncio.Semaphore serves its waiters first come,
+    first served), ``parallel`` at a time; at most ``size`` wait."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, parallel: int = 1) -> None:
         self.size = size
         self.waiting = 0
-        self._turn = asyncio.Lock()
+        self._turn = asyncio.Semaphore(parallel)
 
     def admit(self) -> "Turn":
         if self.waiting >= self.size:
@@ -127,10 +131,11 @@ def errors(app: FastAPI) -> None:
         return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
 
-def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None) -> FastAPI:
-    """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health."""
+def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None) -> FastAPI:
+    """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health. With
+    ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it."""
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
-    waiting = Queue(queue)
+    waiting = Queue(queue, batcher.parallel if batcher is not None else 1)
     errors(app)
 
     @app.middleware("http")
@@ -152,20 +157,21 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None) -> Fas
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
-        return await _answer(body, lambda **kw: spec.create_chat_completion(**kw), waiting)
+        return await _answer(body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting, batcher)
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
+    async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
-        return await _answer(body, lambda **kw: spec.create_completion(**kw), waiting)
+        return await _answer(body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher)
 
     return RequestLog(app)
 
 
-async def _answer(body: Any, create: Callable[..., Any], waiting: Queue) -> Any:
-    if body.n != 1:
-        raise ConfigError(f"n = {body.n}: only one choice per request is supported for now")
-    arguments = body.arguments()
+async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any) -> Any:
+    if batcher is not None and body.n > batcher.parallel:
+        raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
+                          f"(--parallel)")
+    arguments = {**body.arguments(), "n": body.n, "batcher": batcher}
     turn = waiting.admit()
     await turn.start()
     if not body.stream:
