@@ -282,25 +282,31 @@ def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json
 
 
 def _generate_samples(o: dict, text: str, as_chat: bool, as_json: bool, n: int, gen: dict) -> None:
+    signal_code = 0
     with _load(o, default_draft=False) as spec, _terminate_as_interrupt():
         prompt = (spec.tokenize(spec.format_chat([{"role": "user", "content": text}]), add_special=False)
                   if as_chat else text)
+        stream = spec.sample_stream(prompt, n, **gen)
         try:
-            results = spec.samples(prompt, n, **gen)
-        except (KeyboardInterrupt, _Terminated) as e:
-            click.echo("interrupted: no sample is kept", err=True)
-            sys.exit(143 if isinstance(e, _Terminated) else 130)
+            for _ in stream:
+                pass
+        except (KeyboardInterrupt, _Terminated) as e:  # each sample as far as it got: "interrupted"
+            stream.close()
+            signal_code = 143 if isinstance(e, _Terminated) else 130
+        results = stream.results
     stats = aggregate(results)
     if as_json:
         click.echo(json.dumps({"samples": [{"text": r.text, "tokens": r.tokens, "stop_reason": r.stop_reason,
                                             "seed": r.stats.seed} for r in results],
                                "stats": stats.to_dict()}))
-        return
-    for i, r in enumerate(results, 1):
-        click.echo(f"--- sample {i}/{n} (seed {r.stats.seed}, {len(r.tokens)} tokens, {r.stop_reason}) ---")
-        click.echo(r.text)
-    stats.strategy += f", {n} samples"
-    click.echo(stats.summary(), err=True)
+    else:
+        for i, r in enumerate(results, 1):
+            click.echo(f"--- sample {i}/{n} (seed {r.stats.seed}, {len(r.tokens)} tokens, {r.stop_reason}) ---")
+            click.echo(r.text)
+        stats.strategy += f", {n} samples"
+        click.echo(stats.summary(), err=True)
+    if signal_code:
+        sys.exit(signal_code)
 
 
 class _Terminated(Exception):

@@ -5,9 +5,9 @@ steps a decoding lane's home holds exactly ``tokens[:-1]`` (its last token is pe
 reading its prompt holds the part read so far, and the scratch sequences (numbered from the
 lane count up) hold nothing. One step::
 
+    a lane reading its prompt adds the next chunk of it
     for each decoding lane, in turn:
         plan = its speculator's plan, its rows costing what they add to the rows before them
-    a lane reading its prompt adds the next chunk of it
     target.decode(every lane's rows)                       # ONE llama_decode
     for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
     empty the scratch sequences, trim every home           # BatchEngine._trim, the only place
@@ -18,14 +18,14 @@ three tokens of its prompt (``n``, ``m``, ``k``: the positions of the pending to
 chunk's first token)::
 
     row      0    1    2    3    4    5    6    7
-    lane     0    0    0    0    1    2    2    2
-    token    I    a    b    c    J    p    q    r
-    pos      n    n+1  n+2  n+1  m    k    k+1  k+2
-    seq 0    x    x    x    .    .    .    .    .
-    seq 1    .    .    .    .    x    .    .    .
-    seq 2    .    .    .    .    .    x    x    x
-    seq 3    x    .    .    x    .    .    .    .
-    logits   x    x    x    x    x    .    .    x
+    lane     2    2    2    0    0    0    0    1
+    token    p    q    r    I    a    b    c    J
+    pos      k    k+1  k+2  n    n+1  n+2  n+1  m
+    seq 0    .    .    .    x    x    x    .    .
+    seq 1    .    .    .    .    .    .    .    x
+    seq 2    x    x    x    .    .    .    .    .
+    seq 3    .    .    .    x    .    .    x    .
+    logits   .    .    x    x    x    x    x    x
 
 The samples of one prompt form a group: its first lane reads the prompt, then every other
 lane's home shares those cells (seq_cp adds a sequence id to a cell; nothing is copied) and
