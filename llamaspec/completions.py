@@ -6,7 +6,8 @@ them.
 Arguments that would change what the target says (penalties, grammars, logit biases, mirostat,
 typical-p, tail-free sampling) or that llamaspec does not produce (log-probabilities, echo,
 suffixes, tools) raise ConfigError when set to anything but their neutral value. Responses also
-carry llama-server's ``timings`` object.
+carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
+``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
 """
 
 from __future__ import annotations

@@ -203,10 +203,11 @@ class EventStream(StreamingResponse):
 
 class Chunks:
     """A chunk iterator read from worker threads, closed only between steps (a cancelled read
-    may still be running in its thread when the stream ends). The decoding waits while chunks
-    are sent: on a CPU that decodes with every core, sending beside it would slow it more. So
-    that a fast model does not wait for every token, one read takes the chunks of up to
-    ``BUDGET`` seconds of decoding (measured by ``scripts/bench_server.py``)."""
+    may still be running in its thread when the stream ends). On the LlamaSpec's own context
+    the decoding waits while chunks are sent: on a CPU that decodes with every core, sending
+    beside it would slow it more. So that a fast model does not wait for every token, one read
+    takes the chunks of up to ``BUDGET`` seconds of decoding (measured by
+    ``scripts/bench_server.py``). Through a batcher, the decoding goes on while chunks are sent."""
 
     BUDGET = 0.025
 
