@@ -164,8 +164,7 @@ class LlamaSpec:
             check_prompt(len(request.prompt), self.ctx.n_ctx)
             if n > MAX_SAMPLES:
                 raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
-            if self._active is not None and not self._active.done:
-                self._active.close("this stream was closed: another generation started on the same LlamaSpec")
+            self._close_active("another generation started on the same LlamaSpec")
             lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
             lanes.adopt(0, self.ctx.tokens)
             scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs),
@@ -219,7 +218,8 @@ class LlamaSpec:
             tokens, dropped = self.chat_prompt(messages, config.max_tokens, trim)
             return self._start(tokens, config, dropped)
 
-    def chat_prompt(self, messages: Sequence[Message], max_tokens: int = -1, trim: bool = True) -> Tuple[List[int], int]:
+    def chat_prompt(self, messages: Sequence[Message], max_tokens: int = -1,
+                    trim: bool = True) -> Tuple[List[int], int]:
         """The tokens of chat messages as a prompt, and how many of the oldest turns were left out
         so that it fits the context with room for the reply (see chat_stream)."""
         with self._lock:
@@ -254,8 +254,7 @@ class LlamaSpec:
             return tokens
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
-        if self._active is not None and not self._active.done:
-            self._active.close("this stream was closed: another generation started on the same LlamaSpec")
+        self._close_active("another generation started on the same LlamaSpec")
         self._active = Stream(self.engine, self.model, tokens, config, self.spec_name, self._lock, dropped_turns)
         return self._active
 
@@ -283,8 +282,7 @@ class LlamaSpec:
         sources' memory of the text, the acceptance estimates. (The measured costs stay.)"""
         with self._lock:
             self._check_open()
-            if self._active is not None and not self._active.done:
-                self._active.close("this stream was closed: the LlamaSpec was reset")
+            self._close_active("the LlamaSpec was reset")
             self.engine.restart(self._speculator())
 
     def close(self) -> None:
@@ -292,8 +290,7 @@ class LlamaSpec:
         with self._lock:
             if self._closed:
                 return
-            if self._active is not None and not self._active.done:
-                self._active.close("this stream was closed: its LlamaSpec was closed")
+            self._close_active("its LlamaSpec was closed")
             self._closed = True
             for batcher in self._batchers:
                 batcher.close()
@@ -305,6 +302,11 @@ class LlamaSpec:
         for model in (self.model, self.draft_model):
             if model is not None:
                 self._pool.release(model)
+
+    def _close_active(self, why: str) -> None:
+        """Close the unfinished stream, if any: reading it again raises StreamClosedError(why)."""
+        if self._active is not None and not self._active.done:
+            self._active.close(f"this stream was closed: {why}")
 
     def _check_open(self) -> None:
         if self._closed:

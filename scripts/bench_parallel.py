@@ -31,26 +31,12 @@ from llamaspec.bench import load_suite  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import free_port  # noqa: E402
+from bench_server import free_port, start  # noqa: E402
 
 
-def start(args: argparse.Namespace, parallel: int) -> Tuple[subprocess.Popen, int]:
+def start_parallel(args: argparse.Namespace, parallel: int) -> Tuple[subprocess.Popen, int]:
     port = free_port()
-    command = [sys.executable, "-m", "llamaspec", "serve", "-m", args.model, "-t", str(args.threads), "-c",
-               str(args.ctx), "--spec", args.spec, "--port", str(port), "--parallel", str(parallel),
-               "--queue", str(args.clients)]
-    proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the server exited with {proc.returncode}: {' '.join(command)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                return proc, port
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    sys.exit("the server did not come up in 300 s")
+    return start(args, port, "--parallel", str(parallel), "--queue", str(args.clients)), port
 
 
 def ask(port: int, body: Dict) -> Tuple[str, int]:
@@ -90,10 +76,11 @@ def main() -> None:
     parser.add_argument("-c", "--ctx", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompts", nargs="*", default=None, help="suite prompt names (default: all)")
+    parser.set_defaults(draft=None)  # --parallel serves without a draft model
     args = parser.parse_args()
 
     suite = load_suite(args.prompts)
-    servers = {p: start(args, p) for p in (1, args.parallel)}
+    servers = {p: start_parallel(args, p) for p in (1, args.parallel)}
     tps: Dict[int, List[float]] = {p: [] for p in servers}
     texts: Dict[int, Dict[str, str]] = {}
     try:

@@ -46,9 +46,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: argparse.Namespace, port: int) -> subprocess.Popen:
+def start(args: argparse.Namespace, port: int, *extra: str) -> subprocess.Popen:
+    """``llamaspec serve`` with ``args``' model, threads, context, --spec and draft (when given),
+    and ``extra`` flags, once it answers /health."""
     command = [sys.executable, "-m", "llamaspec", "serve", "-m", args.model, "-t", str(args.threads), "-c",
-               str(args.ctx), "--spec", args.spec, "--port", str(port)] + (["-md", args.draft] if args.draft else [])
+               str(args.ctx), "--spec", args.spec, "--port", str(port), *extra]
+    if args.draft:
+        command += ["-md", args.draft]
     proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
