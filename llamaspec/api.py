@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from ._llama import Context, Model, ModelPool, supports_gpu_offload
+from ._llama import Context, Model, ModelPool, max_sequences, supports_gpu_offload
 from .chat import ChatTemplate, Message, fit
 from . import completions, models
 from .acceptance_model import AcceptanceModel
@@ -67,8 +67,9 @@ class LlamaSpec:
         if "lookahead" in names:
             n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, whole="lookahead" in spec.fixed)
             leaves = n_seq - 1 - lookahead.w
-        if "cache" in names:
-            NgramCaches.open(lookup)  # bad cache files: fail before loading anything
+        self._scratch = n_seq - 1  # sequences a step's branches and lookahead's window may use
+        # loaded once, shared by every text decoded (bad files: fail before loading any model)
+        self._caches = NgramCaches.open(lookup) if "cache" in names else None
         _warn_about(target, draft)
         self._pool = pool if pool is not None else ModelPool()
         self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
@@ -79,6 +80,8 @@ class LlamaSpec:
             if draft is not None and "draft" in names:
                 self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
                 check_compatible(self.model, self.draft_model)
+            if self._caches is not None:
+                self._caches.validate_vocab(self.model.n_vocab)
             self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             draft_curve = None
@@ -101,19 +104,22 @@ class LlamaSpec:
 
     def _speculator(self) -> Speculator:
         """The sources, a fresh acceptance model and the planner (the cost model lives on)."""
+        sources = self._text_sources()
+        if self._draft_ctx is not None:
+            sources.append(DraftModelSource(self._draft_ctx, self.draft_config))
+        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed))
+
+    def _text_sources(self) -> List[Source]:
+        """Fresh instances of the sources that draft from text: lookup, the n-gram caches, lookahead."""
         names, lookup, refs = self._names, self._lookup, self._references
         sources: List[Source] = []
         if "lookup" in names:
             sources.append(LookupSource(lookup.ngram_min, lookup.ngram_max, refs, lookup.draft_max))
-        if "cache" in names:
-            caches = NgramCaches.open(lookup)
-            caches.validate_vocab(self.model.n_vocab)
-            sources.append(CacheSource(caches, lookup.draft_max))
+        if self._caches is not None:
+            sources.append(CacheSource(self._caches.session(), lookup.draft_max))
         if "lookahead" in names:
             sources.append(LookaheadSource(self._lookahead, refs))
-        if self._draft_ctx is not None:
-            sources.append(DraftModelSource(self._draft_ctx, self.draft_config))
-        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed))
+        return sources
 
     # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
@@ -167,7 +173,7 @@ class LlamaSpec:
             self._close_active("another generation started on the same LlamaSpec")
             lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
             lanes.adopt(0, self.ctx.tokens)
-            scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs),
+            scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs, self._fixed),
                                   self.ctx.n_ctx, self.ctx.n_ctx)
             scheduler.submit(request)
             self._active = RequestStream(request, scheduler.cancel, scheduler.step,
@@ -177,16 +183,20 @@ class LlamaSpec:
     def batcher(self, parallel: int) -> Batcher:
         """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
         with this LlamaSpec's context size, on a context of their own (see batcher.py). Their
-        sources: lookup (with the references) and, between samples of one request, consensus.
-        Closed with this LlamaSpec at the latest."""
+        sources: this LlamaSpec's but the draft model, and between samples of one request,
+        consensus. Closed with this LlamaSpec at the latest."""
         if not 1 <= parallel <= MAX_SAMPLES:
             raise ConfigError(f"parallel sequences must be between 1 and {MAX_SAMPLES}, got {parallel}")
+        if parallel + self._scratch > max_sequences():
+            raise ConfigError(f"{parallel} parallel sequences and {self._scratch} for drafts exceed the "
+                              f"{max_sequences()} KV-cache sequences llama.cpp allows; lower the parallel "
+                              f"sequences or lookahead's W and G")
         with self._lock:
             self._check_open()
             cfg, n_ctx = self.target_config, self.ctx.n_ctx
             # every lane's share, and room for one batch of branch rows on top of them
-            ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + MAX_LEAVES)
-            planner = Planner(CostModel(self._costs.curves["target"]))  # learns this batch's timings, not ours
+            ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
+            planner = Planner(CostModel(self._costs.curves["target"]), self._fixed)  # learns this batch's timings, not ours
             scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._lane_sources, planner,
                                   n_ctx * parallel, n_ctx)
             batcher = Batcher(scheduler, ctx, self._prompt_tokens, self.spec_name)
@@ -194,11 +204,8 @@ class LlamaSpec:
             return batcher
 
     def _lane_sources(self, siblings: Siblings, i: int) -> List[Source]:
-        """Sample i's sources: lookup (its own text and the references) and its siblings."""
-        sources: List[Source] = []
-        if "lookup" in self._names:
-            sources.append(LookupSource(self._lookup.ngram_min, self._lookup.ngram_max, self._references,
-                                        self._lookup.draft_max))
+        """Sample i's sources: those that draft from text, and its siblings (consensus)."""
+        sources = self._text_sources()
         if self._names:
             sources.append(ConsensusSource(siblings, i))
         return sources

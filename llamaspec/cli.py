@@ -360,15 +360,15 @@ def chat(system: str, no_stats: bool, **o: Any) -> None:
 @click.option("--queue", type=click.IntRange(0), default=16, show_default=True,
               help="Requests that may wait while --parallel are served; more get 503 at once.")
 @click.option("--parallel", "-np", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
-              help="Requests decoded together (each on its own KV-cache sequence of --ctx-size tokens, with "
-                   "lookup drafting); 1: one at a time with every source.")
+              help="Requests decoded together (each on its own KV-cache sequence of --ctx-size tokens, "
+                   "drafting with every source but a draft model); 1: one at a time with every source.")
 def serve(host: str, port: int, api_key: Optional[str], queue: int, parallel: int, **o: Any) -> None:
     """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
     speculation as generate and chat. Needs: pip install 'llamaspec[server]'."""
     from .server import check_address, require_server, serve as run_server
     if parallel > 1 and o["draft"]:
-        raise click.UsageError(f"--parallel {parallel} drafts with lookup (and between the choices of one request); "
-                               f"a draft model is not used there: leave out --draft or serve with --parallel 1")
+        raise click.UsageError(f"--parallel {parallel} drafts from text (lookup, n-gram caches, lookahead); a draft "
+                               f"model is not used there: leave out --draft or serve with --parallel 1")
     require_server()  # before loading any model
     check_address(host, port)
     with _load(o, default_draft=False) as spec:

@@ -27,6 +27,10 @@ chunk's first token)::
     seq 3    .    .    .    x    .    .    x    .
     logits   .    .    x    x    x    x    x    x
 
+A lane's plan may carry lookahead's window (a rider): its rows follow the lane's trie rows, on
+scratch sequences after the branches', when the lanes planned before left enough of them free;
+otherwise the window waits for a later step.
+
 The samples of one prompt form a group: its first lane reads the prompt, then every other
 lane's home shares those cells (seq_cp adds a sequence id to a cell; nothing is copied) and
 each lane draws its first token from the same last row with its own random stream.
@@ -186,21 +190,28 @@ class BatchEngine:
                 limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
                                 room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
                 plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
-                if plan.rider is not None:
-                    raise DecodeError("lanes carry no rider: lookahead's window is not a lane source")
                 layout = plan.trie.layout()
-                extra = layout.rows
+                extra = list(layout.rows)
                 n_seqs = layout.n_seqs
+                n_trie = 1 + sum(1 for row in extra if row[3])  # output rows: the pending token's, the nodes'
+                rider = plan.rider
+                if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
+                    rider = None  # the lanes before took the scratch sequences: the window waits
+                if rider is not None:  # its columns: sequences after the branches'
+                    extra += [(t, offset, tuple(n_seqs + s for s in ids), logits) for t, offset, ids, logits in rider.rows]
+                    n_seqs += rider.n_seqs
                 seqs = [ln.home] + free[:n_seqs - 1]
                 del free[:n_seqs - 1]
                 used += seqs[1:]
                 for s in seqs[1:]:
-                    target.seq_cp(ln.home, s, -1, -1)  # the branch sees the whole text
+                    target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
                 rows.append((ln.tokens[-1], n - 1, tuple(seqs), True))
                 for token, offset, ids, logits in extra:
                     rows.append((token, n - 1 + offset, tuple(seqs[s] for s in ids), logits))
-                plans.append((ln, plan, layout, seqs, n_out, 1 + len(extra), time.perf_counter() - t0))
-                n_out += 1 + sum(1 for row in extra if row[3])
+                n_lane = 1 + sum(1 for row in extra if row[3])
+                plans.append((ln, plan, layout, seqs, n_out, n_trie, n_lane - n_trie, 1 + len(extra),
+                              time.perf_counter() - t0))
+                n_out += n_lane
                 committed += len(extra)
             if not rows:
                 return []
@@ -215,8 +226,10 @@ class BatchEngine:
                 if row >= 0:
                     emitted += self._first_tokens(ln, logits[row])
             step_cost = costs.verify(len(rows)) if costs is not None else 0.0
-            for ln, plan, layout, seqs, out, n_rows, t_plan in plans:
-                emitted.append((ln.home, self._settle(ln, plan, layout, seqs, logits[out:], t_plan,
+            for ln, plan, layout, seqs, out, n_trie, n_rider, n_rows, t_plan in plans:
+                window = logits[out + n_trie:out + n_trie + n_rider]
+                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if n_rider else None
+                emitted.append((ln.home, self._settle(ln, plan, layout, seqs, logits[out:], rider_tokens, t_plan,
                                                       step_cost * n_rows / len(rows))))
         finally:
             for s in used:
@@ -246,9 +259,10 @@ class BatchEngine:
             out.append((ln.home, Step([token])))
         return out
 
-    def _settle(self, ln: Lane, plan, layout, seqs: List[int], logits: np.ndarray, t_plan: float,
-                cost: float) -> Step:
-        """Walk the lane's trie on its rows, keep the accepted path on its home, learn."""
+    def _settle(self, ln: Lane, plan, layout, seqs: List[int], logits: np.ndarray,
+                rider_tokens: Optional[Tuple[int, ...]], t_plan: float, cost: float) -> Step:
+        """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
+        from the target's greedy tokens at its rows, when it rode)."""
         n = len(ln.tokens)
         trie = plan.trie
         path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth))
@@ -263,7 +277,7 @@ class BatchEngine:
             ln.cached += accepted
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
-        outcome, step = settle(plan, path, token, None, ln.tokens, t_plan, cost)
+        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, t_plan, cost)
         ln.speculator.learn(outcome)
         return step
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 from array import array
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -141,6 +142,10 @@ class NgramCache:
             else:
                 for token, count in counts.items():
                     part[token] = part.get(token, 0) + count
+
+    def session(self) -> "NgramCaches":
+        """The same static and dynamic caches, for another text: an empty context cache."""
+        return NgramCaches(self.ngram_min, self.ngram_max, self.static, self.dynamic, self.dynamic_path, self._lock)
 
     def validate_vocab(self, n_vocab: int) -> None:
         """Raise CacheFormatError if a token id (in an n-gram or a continuation) is >= ``n_vocab``.
@@ -361,12 +366,17 @@ class NgramCaches:
       are added and the file is rewritten, so it learns across runs;
     - static: loaded from a file made from a corpus (``llamaspec lookup create`` or
       ``llama-lookup-create``); it validates candidates, it is never written.
+
+    Several texts decoded at once (lanes, threads) each follow their own ``session()``: its own
+    context cache, the same static and dynamic caches, the dynamic one read and written under
+    one lock.
     """
 
     def __init__(self, ngram_min: int, ngram_max: int, static: NgramCache, dynamic: NgramCache,
-                 dynamic_path: Optional[Path] = None) -> None:
+                 dynamic_path: Optional[Path] = None, lock: Optional[threading.Lock] = None) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.static, self.dynamic, self.dynamic_path = static, dynamic, dynamic_path
+        self._lock = lock if lock is not None else threading.Lock()
         self.context = NgramCache()
         self._followed: List[int] = []  # the tokens the context cache holds
         self._finished: List[int] = []  # the tokens already added to the dynamic cache
@@ -380,6 +390,10 @@ class NgramCaches:
             check_writable(dynamic_path, "the dynamic n-gram cache")
         dynamic = NgramCache.load(dynamic_path, missing_ok=True) if dynamic_path else NgramCache()
         return cls(cfg.ngram_min, cfg.ngram_max, static, dynamic, dynamic_path)
+
+    def session(self) -> "NgramCaches":
+        """The same static and dynamic caches, for another text: an empty context cache."""
+        return NgramCaches(self.ngram_min, self.ngram_max, self.static, self.dynamic, self.dynamic_path, self._lock)
 
     def validate_vocab(self, n_vocab: int) -> None:
         """CacheFormatError unless every token of both files fits a vocabulary of ``n_vocab``."""
@@ -397,18 +411,20 @@ class NgramCaches:
     def draft(self, tokens: Sequence[int], max_len: int) -> List[int]:
         if len(tokens) < 2:
             return []
-        return draft_from_caches(tokens, tokens[-1], max_len, self.ngram_min, self.ngram_max,
-                                 self.context, self.dynamic, self.static)
+        with self._lock:
+            return draft_from_caches(tokens, tokens[-1], max_len, self.ngram_min, self.ngram_max,
+                                     self.context, self.dynamic, self.static)
 
     def finish(self, tokens: Sequence[int]) -> None:
         """A generation ended: add its new n-grams to the dynamic cache and save it."""
         if self.dynamic_path is None:
             return
         n_new = appended(self._finished, tokens)
-        self.dynamic.update(tokens, self.ngram_min, self.ngram_max, len(tokens) if n_new is None else n_new)
         self._finished = list(tokens)
         try:
-            self.dynamic.save(self.dynamic_path)
+            with self._lock:
+                self.dynamic.update(tokens, self.ngram_min, self.ngram_max, len(tokens) if n_new is None else n_new)
+                self.dynamic.save(self.dynamic_path)
         except OSError as e:
             raise CacheFormatError(f"cannot save the dynamic n-gram cache {self.dynamic_path}: "
                                    f"{e.strerror or e}") from None

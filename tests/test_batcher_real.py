@@ -12,25 +12,13 @@ from llamaspec import ConfigError, PromptError
 from llamaspec import completions
 
 from conftest import PROMPTS, SMOL
-from test_greedy_real import NEAR_TIE
-from test_samples_real import JSON_PROMPT
+from test_samples_real import JSON_PROMPT, assert_as_alone
 
 
 @pytest.fixture(scope="module")
 def smol_batched(module_spec):
     spec = module_spec(SMOL)
     return spec, spec.batcher(4)
-
-
-def assert_as_alone(ref, prompt, tokens, expected, label=""):
-    """``tokens`` equal ``expected`` (plain greedy), or leave them first where the top-1/top-2 logit
-    gap of a one-token-at-a-time evaluation is below NEAR_TIE."""
-    first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-    if first is None:
-        assert tokens == expected, label
-        return
-    _, gap = ref.top2(prompt, tokens[:first + 1])
-    assert gap[first] < NEAR_TIE, f"{label} token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
 
 
 def read(stream):

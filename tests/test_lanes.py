@@ -12,13 +12,14 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.candidates import Budget, Candidate
-from llamaspec.config import SamplingConfig
+from llamaspec.config import LookaheadConfig, SamplingConfig
 from llamaspec.consensus import ConsensusSource, Siblings, bucket, candidates
 from llamaspec.costs import CostCurve, CostModel
 from llamaspec.engine import Engine
 from llamaspec.errors import ConfigError
 from llamaspec.generation import Stream, make_config
 from llamaspec.lanes import BatchEngine
+from llamaspec.lookahead import LookaheadSource
 from llamaspec.lookup import LookupSource
 from llamaspec.planner import Limits, Planner
 from llamaspec.scheduler import Request, Scheduler
@@ -82,6 +83,46 @@ def test_prompts_that_differ_decode_as_alone_greedy(n_lanes):
         run_all(scheduler(alone, 1), [Request(p, make_config(max_tokens=20 + 7 * i, temperature=0))
                                       for i, p in enumerate(prompts)], alone)
         assert len(ctx.decodes) < len(alone.decodes)
+
+
+class Windows(LookaheadSource):
+    """Lookahead that records the target's tokens at its window's rows, step by step."""
+
+    def __init__(self) -> None:
+        super().__init__(LookaheadConfig(w=3, n=3, g=2))
+        self.rides: List[tuple] = []
+
+    def learn(self, outcome) -> None:
+        self.rides.append(outcome.rider_tokens)
+        super().learn(outcome)
+
+
+@pytest.mark.parametrize("n_seq_max", [3 + 3 * 4, 3 + 4])  # every lane's window fits / one at a time
+def test_lookahead_windows_ride_in_lanes_as_alone(n_seq_max):
+    """Each lane's window rows, on scratch sequences of their own, give its lookahead the target's
+    tokens a one-sequence engine gives it; a window that finds no free sequences waits a step."""
+    prompts = [copying_prompt(), fake_prompt(30, 1), fake_prompt(12, 3)]
+    ctx = FakeContext(n_ctx=2048, n_batch=256, n_seq_max=n_seq_max)
+    made: List[Windows] = []
+
+    def sources(siblings, i):
+        made.append(Windows())
+        return [made[-1]]
+    sched = Scheduler(BatchEngine(ctx, 3), FakeModel(), sources, Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
+    requests = [Request(p, make_config(max_tokens=30, temperature=0)) for p in prompts]
+    run_all(sched, requests, ctx)
+    for p, r, lane in zip(prompts, requests, made):
+        assert r.results[0].tokens == greedy_text(p, 30)
+        alone = Windows()
+        engine = Engine(FakeContext(n_ctx=2048, n_batch=256), Speculator([alone], AcceptanceModel(), Planner(FLAT)))
+        list(Stream(engine, FakeModel(), p, make_config(max_tokens=30, temperature=0)))
+        rode = [t for t in lane.rides if t is not None]
+        assert rode, "no window rode"
+        if n_seq_max > 3 + 4:
+            assert lane.rides == alone.rides
+        else:
+            assert len(rode) < len(lane.rides)  # lanes shared the scratch sequences
+    assert ctx.used_seqs() <= {0, 1, 2}
 
 
 def test_samples_equal_single_runs_with_their_seeds():

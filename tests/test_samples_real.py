@@ -8,13 +8,15 @@ import json
 
 import pytest
 
-from llamaspec import ConfigError
+from llamaspec import ConfigError, LookupConfig
 from llamaspec.consensus import ConsensusSource
 from llamaspec.generation import make_config
 from llamaspec.lanes import BatchEngine
 from llamaspec.lookup import LookupSource
+from llamaspec.ngram_cache import NgramCache
 from llamaspec.planner import Planner
 from llamaspec.scheduler import Request, Scheduler
+from llamaspec.stats import sum_sources
 
 from conftest import PROMPTS, SMOL, assert_one_line_error, chatml, run
 from test_engine_real import assert_kv_invariant
@@ -33,6 +35,17 @@ def assert_lanes(engine: BatchEngine) -> None:
             assert ln.cached == ln.tokens[:-1]
     for seq in engine.scratch:
         assert ctx.pos_max(seq) == -1, f"scratch sequence {seq} has stale cells"
+
+
+def assert_as_alone(ref, prompt, tokens, expected, label=""):
+    """``tokens`` equal ``expected`` (plain greedy), or leave them first where the top-1/top-2 logit
+    gap of a one-token-at-a-time evaluation is below NEAR_TIE."""
+    first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+    if first is None:
+        assert tokens == expected, label
+        return
+    _, gap = ref.top2(prompt, tokens[:first + 1])
+    assert gap[first] < NEAR_TIE, f"{label} token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
 
 
 def scheduler(spec, n_lanes: int) -> Scheduler:
@@ -82,18 +95,37 @@ def test_prompts_that_differ_decode_together_as_alone(smol_spec, reference):
     requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
     drive(sched, requests)
     for p, r, expected in zip(prompts, requests, alone):
-        tokens = r.results[0].tokens
-        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
-        if first is not None:
-            _, gap = reference(SMOL).top2(p, tokens[:first + 1])
-            assert gap[first] < NEAR_TIE, f"token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
-        else:
-            assert tokens == expected
+        assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected)
     # a second round reuses each lane's cache: only the new part of a prompt is read
     again = [Request(p + r.results[0].tokens, make_config(max_tokens=8, temperature=0))
              for p, r in zip(prompts, requests)]
     drive(sched, again)
     assert [r.results[0].stats.n_prompt_eval for r in again] == [1, 1, 1]
+
+
+def test_lanes_draft_with_every_text_source(make_spec, reference, tmp_path):
+    """Lookup, the n-gram caches and lookahead (its window riding every step) on three lanes:
+    greedy text as alone, every lane's cache exact after every step, the dynamic cache drafting
+    what earlier generations wrote and learning each lane's text."""
+    path = tmp_path / "dynamic.bin"
+    spec = make_spec(SMOL, spec="lookup,cache,lookahead", lookup=LookupConfig(cache_dynamic=str(path)))
+    prompts = [spec.tokenize(p) for p in [*PROMPTS, chatml("List the days of the week.")]]
+    alone = [spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts[:3]]  # the cache learns these
+    learned = len(NgramCache.load(path))
+    spec.reset()
+    engine = BatchEngine(spec.ctx, 3)
+    engine.adopt(0, spec.ctx.tokens)
+    sched = Scheduler(engine, spec.model, spec._lane_sources, Planner(spec._costs, frozenset({"lookahead"})),
+                      spec.ctx.n_ctx, spec.ctx.n_ctx)
+    requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
+    drive(sched, requests)
+    sources = sum_sources([r.results[0].stats for r in requests])
+    assert sources["cache"].accepted > 0 and sources["lookahead"].drafted > 0, sources
+    assert len(NgramCache.load(path)) > learned  # the fourth prompt's text
+    spec.engine.adopt(sched.engine.release())
+    alone.append(spec.generate(prompts[3], max_tokens=40, temperature=0).tokens)
+    for p, r, expected in zip(prompts, requests, alone):
+        assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected)
 
 
 def test_generate_n_hands_the_context_back(smol_spec):
