@@ -78,7 +78,7 @@ def run_samples(settings: BenchSettings, n: int, prompts: Optional[Sequence[Suit
 
 
 def table(rows: Sequence[SamplesRow]) -> str:
-    lines = ["| prompt | samples | separate t/s (median) | together t/s (median) | speed-up | drafted/accepted |",
+    lines = ["| prompt | samples | separate t/s (median) | together t/s (median) | speed-up | accepted/verified |",
              "|---|---|---|---|---|---|"]
     for row in rows:
         drafts = ", ".join(f"{name} {s.accepted}/{s.drafted}" for name, s in sorted(row.sources.items()))
