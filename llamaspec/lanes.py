@@ -185,34 +185,17 @@ class BatchEngine:
             self._turn += 1
             for ln in order:
                 t0 = time.perf_counter()
-                n = len(ln.tokens)
-                room = ln.limit - n
+                room = ln.limit - len(ln.tokens)
                 limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
                                 room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
                 plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
                 layout = plan.trie.layout()
-                extra = list(layout.rows)
-                n_seqs = layout.n_seqs
-                n_trie = 1 + sum(1 for row in extra if row[3])  # output rows: the pending token's, the nodes'
-                rider = plan.rider
-                if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
-                    rider = None  # the lanes before took the scratch sequences: the window waits
-                if rider is not None:  # its columns: sequences after the branches'
-                    extra += [(t, offset, tuple(n_seqs + s for s in ids), logits) for t, offset, ids, logits in rider.rows]
-                    n_seqs += rider.n_seqs
-                seqs = [ln.home] + free[:n_seqs - 1]
-                del free[:n_seqs - 1]
+                mine, seqs, n_trie, n_rider = self._lay_out(ln, plan, layout, free)
                 used += seqs[1:]
-                for s in seqs[1:]:
-                    target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
-                rows.append((ln.tokens[-1], n - 1, tuple(seqs), True))
-                for token, offset, ids, logits in extra:
-                    rows.append((token, n - 1 + offset, tuple(seqs[s] for s in ids), logits))
-                n_lane = 1 + sum(1 for row in extra if row[3])
-                plans.append((ln, plan, layout, seqs, n_out, n_trie, n_lane - n_trie, 1 + len(extra),
-                              time.perf_counter() - t0))
-                n_out += n_lane
-                committed += len(extra)
+                rows += mine
+                plans.append((ln, plan, layout, seqs, n_out, n_trie, n_rider, len(mine), time.perf_counter() - t0))
+                n_out += n_trie + n_rider
+                committed += len(mine) - 1
             if not rows:
                 return []
             busy = target.t_llama
@@ -236,6 +219,29 @@ class BatchEngine:
                 target.seq_rm(s, -1, -1)
             self._trim(touched)
         return emitted
+
+    def _lay_out(self, ln: Lane, plan, layout, free: List[int]):
+        """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``
+        scratch sequences are left (those it takes are removed), its window. Returns (rows, the
+        sequences used, home first, output rows of the trie and of the window)."""
+        n = len(ln.tokens)
+        local = list(layout.rows)
+        n_seqs = layout.n_seqs
+        n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
+        rider = plan.rider
+        if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
+            rider = None  # the lanes before took the scratch sequences: the window waits
+        if rider is not None:  # its columns: sequences after the branches'
+            local += [(t, offset, tuple(n_seqs + s for s in ids), logits) for t, offset, ids, logits in rider.rows]
+            n_seqs += rider.n_seqs
+        seqs = [ln.home] + free[:n_seqs - 1]
+        del free[:n_seqs - 1]
+        for s in seqs[1:]:
+            self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
+        rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
+        rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
+        n_rider = sum(1 for row in local if row[3]) + 1 - n_trie
+        return rows, seqs, n_trie, n_rider
 
     def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
         """The group's prompt is read: every lane of it shares the cells and draws its first token."""
