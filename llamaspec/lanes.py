@@ -228,19 +228,20 @@ class BatchEngine:
         local = list(layout.rows)
         n_seqs = layout.n_seqs
         n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
+        n_rider = 0
         rider = plan.rider
         if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
             rider = None  # the lanes before took the scratch sequences: the window waits
         if rider is not None:  # its columns: sequences after the branches'
             local += [(t, offset, tuple(n_seqs + s for s in ids), logits) for t, offset, ids, logits in rider.rows]
             n_seqs += rider.n_seqs
+            n_rider = sum(1 for row in rider.rows if row[3])
         seqs = [ln.home] + free[:n_seqs - 1]
         del free[:n_seqs - 1]
         for s in seqs[1:]:
             self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
         rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
         rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
-        n_rider = sum(1 for row in local if row[3]) + 1 - n_trie
         return rows, seqs, n_trie, n_rider
 
     def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:

@@ -143,10 +143,6 @@ class NgramCache:
                 for token, count in counts.items():
                     part[token] = part.get(token, 0) + count
 
-    def session(self) -> "NgramCaches":
-        """The same static and dynamic caches, for another text: an empty context cache."""
-        return NgramCaches(self.ngram_min, self.ngram_max, self.static, self.dynamic, self.dynamic_path, self._lock)
-
     def validate_vocab(self, n_vocab: int) -> None:
         """Raise CacheFormatError if a token id (in an n-gram or a continuation) is >= ``n_vocab``.
 

@@ -148,7 +148,7 @@ def test_eight_clients_at_once_each_get_their_answer_alone(plain_server):
 
 @pytest.fixture(scope="module")
 def parallel_server(smol):
-    """Four requests decoded together, with lookup (what `serve --parallel 4` runs)."""
+    """Four requests decoded together, drafting from text (what `serve --parallel 4` runs)."""
     server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--parallel", "4")
     yield server
     server.stop()
