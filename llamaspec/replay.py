@@ -24,9 +24,10 @@ from typing import Callable, DefaultDict, Dict, List, Sequence
 import numpy as np
 
 from .acceptance import walk_greedy
-from .candidates import Outcome
+from .candidates import Candidate, Outcome
 from .config import SamplingConfig
 from .planner import MAX_LEAVES, Limits
+from .sequences import common_prefix
 from .speculator import Speculator
 from .stats import SourceStats
 
@@ -53,9 +54,14 @@ class ReplayStats:
 
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
-           max_rows: int = 512, max_leaves: int = MAX_LEAVES) -> ReplayStats:
+           max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False) -> ReplayStats:
     """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
-    ``prompt``; charge each step the planner's cost of verifying its batch."""
+    ``prompt``; charge each step the planner's cost of verifying its batch.
+
+    ``perfect``: plan with acceptance estimates that know the answer (1 for a candidate token
+    on the answer's path, 0 elsewhere) instead of the acceptance model's. What the planner then
+    reaches, against the copy oracle's bound, splits the gap to the bound in two: what better
+    estimates could win, and what the candidates and the per-step planning leave."""
     stats = ReplayStats()
     if not answer:
         return stats
@@ -65,7 +71,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     pos = 1
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
-        plan = speculator.plan(tokens, limits, greedy, rng)
+        plan = speculator.plan(tokens, limits, greedy, rng, _knows(answer, pos) if perfect else None)
         trie = plan.trie
         path, token = walk_greedy(trie.children, lambda v, base=pos: int(answer[base + trie.depth[v]]))
         emitted = [trie.token[v] for v in path] + [token]
@@ -86,6 +92,14 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
             for name in names:
                 stats.sources[name].accepted += 1
     return stats
+
+
+def _knows(answer: Sequence[int], pos: int) -> Callable[[Candidate], List[float]]:
+    """Acceptance estimates of a step at ``answer[pos]`` that know the answer."""
+    def estimate(cand: Candidate) -> List[float]:
+        k = common_prefix(cand.tokens, answer[pos:])
+        return [1.0] * k + [0.0] * (len(cand.tokens) - k)
+    return estimate
 
 
 def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int], float]) -> float:

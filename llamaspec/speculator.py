@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,8 +56,11 @@ class Speculator:
     def costs(self) -> CostModel:
         return self.planner.costs
 
-    def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig,
-             rng: np.random.Generator) -> Plan:
+    def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
+             estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
+        """What to verify after ``tokens``. ``estimate``: each candidate token's acceptance, in
+        place of the acceptance model's (the replay's perfect estimates)."""
+        rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None
         budget = Budget(limits.max_depth, MAX_CANDIDATES)
@@ -69,7 +72,7 @@ class Speculator:
                     rider = proposal.rider or rider
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
-        rates = [[self.model.rate(c.source, e) for e in c.evidence] for c in candidates]
+        rates = [rate_of(c) for c in candidates]
         sunk, t_draft, idle = 0.0, 0.0, {}
         for source in self.sources:
             if not source.expensive or limits.max_depth <= 0:
@@ -87,7 +90,7 @@ class Speculator:
             sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes))
             for cand in proposal.candidates:
                 candidates.append(cand)
-                rates.append([self.model.rate(cand.source, e) for e in cand.evidence])
+                rates.append(rate_of(cand))
         choice = self.planner.choose(candidates, rates, rider, limits, sunk)
         trie = Trie.build(tokens[-1], candidates, choice.lengths)
         return Plan(trie, tuple(candidates), choice.lengths, rider if choice.ride else None, choice, t_draft, idle)

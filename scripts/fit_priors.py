@@ -11,7 +11,8 @@ the planner would reach on them against the copy-oracle bound.
 3. The answers are replayed with the current priors through lookup, lookahead and both (auto
    without a draft model), and the predicted speed-up over plain is printed beside the copy
    oracle's, with the chosen cost curve (the measured one of this machine, the reference
-   machine's, or a GPU-like flat one).
+   machine's, or a GPU-like flat one). "perfect" replays both with acceptance estimates that
+   know the answer: the share of the bound that better estimates alone could reach.
 """
 
 from __future__ import annotations
@@ -84,12 +85,16 @@ def main() -> int:
         print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
 
     print(f"\npredicted speed-up over plain with the {args.curve} curve, current priors:")
-    print(f"  {'prompt':18} {'lookup':>8} {'lookahead':>10} {'both':>8} {'oracle':>8} {'both/oracle':>12}")
+    print(f"  {'prompt':18} {'lookup':>8} {'lookahead':>10} {'both':>8} {'perfect':>8} {'oracle':>8} "
+          f"{'both/oracle':>12} {'perfect/oracle':>15}")
+    both = ["lookup", "lookahead"]
     for name, item in answers.items():
         row = [replay(item["prompt"], item["answer"], speculator(s, curve, AcceptanceModel())).speedup
-               for s in (["lookup"], ["lookahead"], ["lookup", "lookahead"])]
+               for s in (["lookup"], ["lookahead"], both)]
+        perfect = replay(item["prompt"], item["answer"], speculator(both, curve, AcceptanceModel()), perfect=True).speedup
         bound = copy_oracle(item["prompt"], item["answer"], curve.cost)
-        print(f"  {name:18} {row[0]:7.2f}x {row[1]:9.2f}x {row[2]:7.2f}x {bound:7.2f}x {100 * row[2] / bound:11.0f}%")
+        print(f"  {name:18} {row[0]:7.2f}x {row[1]:9.2f}x {row[2]:7.2f}x {perfect:7.2f}x {bound:7.2f}x "
+              f"{100 * row[2] / bound:11.0f}% {100 * perfect / bound:14.0f}%")
     return 0
 
 

@@ -67,3 +67,25 @@ def test_a_flat_curve_verifies_more_than_a_steep_one():
     flat = replay(item["prompt"], item["answer"], speculator(CostCurve.flat()))
     steep = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU))
     assert flat.n_drafted > 2 * steep.n_drafted and flat.n_steps < steep.n_steps
+
+
+def test_perfect_estimates_reach_the_bound_on_a_plain_copy():
+    prompt = list(range(1, 21))
+    perfect = replay(prompt, prompt, speculator(CostCurve.flat(), lookahead=False), perfect=True)
+    assert perfect.speedup == copy_oracle(prompt, prompt, CostCurve.flat().cost) == 19.0
+    assert perfect.n_steps == 1 and perfect.n_accept == perfect.n_drafted == 18
+    # where verifying never pays, knowing the answer does not make it pay
+    assert replay(prompt, prompt, speculator(LINEAR, lookahead=False), perfect=True).n_drafted == 0
+
+
+@pytest.mark.parametrize("name", ["code_edit", "summarize_quotes"])
+def test_perfect_estimates_split_the_gap_to_the_bound(name):
+    item = ANSWERS[name]
+    bound = copy_oracle(item["prompt"], item["answer"], REFERENCE_CPU.cost)
+    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU))
+    perfect = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU), perfect=True)
+    print(f"{name}: {stats.speedup:.2f}x, with perfect estimates {perfect.speedup:.2f}x, bound {bound:.2f}x")
+    assert stats.speedup < perfect.speedup <= bound
+    # it verifies what the answer accepts, and a few more rows only where the curve dips (on the
+    # reference curve 16 rows cost less than 14)
+    assert perfect.n_drafted - perfect.n_accept <= 0.05 * perfect.n_drafted
