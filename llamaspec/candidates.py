@@ -60,6 +60,10 @@ class Rider:
     n_seqs: int
     value: float
 
+    def after(self, n_seqs: int) -> List[RiderRow]:
+        """The rows with their sequence ids moved past the first ``n_seqs`` (a trie's)."""
+        return [(t, offset, tuple(n_seqs + s for s in seqs), logits) for t, offset, seqs, logits in self.rows]
+
 
 @dataclass(frozen=True)
 class Proposal:

@@ -154,7 +154,7 @@ class Engine:
         rows = list(layout.rows)
         n_seqs = layout.n_seqs
         if plan.rider is not None:
-            rows += [(t, offset, tuple(n_seqs + s for s in seqs), logits) for t, offset, seqs, logits in plan.rider.rows]
+            rows += plan.rider.after(n_seqs)
             n_seqs += plan.rider.n_seqs
         busy = self.target.t_llama
         n_out = self.target.eval_tree(self.tokens[-1], rows, n_seqs)

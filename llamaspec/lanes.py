@@ -233,7 +233,7 @@ class BatchEngine:
         if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
             rider = None  # the lanes before took the scratch sequences: the window waits
         if rider is not None:  # its columns: sequences after the branches'
-            local += [(t, offset, tuple(n_seqs + s for s in ids), logits) for t, offset, ids, logits in rider.rows]
+            local += rider.after(n_seqs)
             n_seqs += rider.n_seqs
             n_rider = sum(1 for row in rider.rows if row[3])
         seqs = [ln.home] + free[:n_seqs - 1]
