@@ -114,7 +114,7 @@ class LlamaSpec:
         names, lookup, refs = self._names, self._lookup, self._references
         sources: List[Source] = []
         if "lookup" in names:
-            sources.append(LookupSource(lookup.ngram_min, lookup.ngram_max, refs, lookup.draft_max))
+            sources.append(LookupSource(lookup.ngram_min, lookup.ngram_max, refs, lookup.draft_max, self.model.piece))
         if self._caches is not None:
             sources.append(CacheSource(self._caches.session(), lookup.draft_max))
         if "lookahead" in names:

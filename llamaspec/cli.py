@@ -480,7 +480,7 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     refs = [vocab.tokenize(_read(r), add_special=False, parse_special=False) for r in references]
     measured = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
     curve = measured or CostCurve.flat()
-    sources: list = [LookupSource(cfg.ngram_min, cfg.ngram_max, refs, cfg.draft_max)]
+    sources: list = [LookupSource(cfg.ngram_min, cfg.ngram_max, refs, cfg.draft_max, vocab.piece)]
     if lookup_cache_static or lookup_cache_dynamic:
         caches = NgramCaches.open(cfg)
         caches.validate_vocab(vocab.n_vocab)

@@ -13,11 +13,10 @@ bucket ``length_bucket(L + i)``: once its first i tokens are accepted, the copy 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
-from typing import DefaultDict, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,6 +72,11 @@ class TokenIndex:
         return self._ends.get(ngram, [])
 
 
+def _symbol(token: int) -> bytes:
+    """A token as bytes of its own, for comparing token lists as text."""
+    return int(token).to_bytes(4, "big")
+
+
 def agreement(a: Sequence[int], a_end: int, b: Sequence[int], b_end: int, limit: int = AGREEMENT) -> int:
     """How many tokens before a_end in ``a`` equal those before b_end in ``b``."""
     n = 0
@@ -86,28 +90,42 @@ class Anchor:
     """Where in a source text (0: the history, 1..: the references) the text is copying from:
     ``pos`` is where the next token is expected. ``gap``: tokens since the text last agreed with
     the source there (an insertion or a replacement in progress); ``copied``: tokens the text
-    copied from it since it was set or last realigned."""
+    copied from it since it was set or last realigned; ``trusted``: the text has copied at least
+    FRESH_UNTIL tokens in a row from it since it was set. ``home`` and ``edit``: where it was
+    before its last realignment and the gap then, restored when the realignment's first token is
+    not copied (a short match inside the insertion, not the copy resuming); ``resumed``: that
+    realignment took a trusted copy up again after a short edit, close to where it left off."""
 
     index: int
     pos: int
     gap: int = 0
     copied: int = 0
+    home: Optional[int] = None
+    trusted: bool = False
+    resumed: bool = False
+    edit: int = 0
 
 
 # Evidence buckets of lookup. Token i of an n-gram match that agrees with the text on L tokens:
 # length_bucket(L + i) (0 .. 32). Of the anchor's continuation: once the text has copied at least
 # FRESH_UNTIL tokens from it, IN_STEP + 10 * the token's edit class + (copied + i >= 16); before
-# that (it was just set, moved or realigned after an edit) FRESH + min(copied + i, 5); while the
-# text is still being edited (out of step), OUT_OF_STEP + min(i, 4). Edit classes of a source
-# token, from how the text treated that token id when copying it so far: 0 never copied yet,
-# 1 always kept, 2 edited less than half the time, 3 more often (edits repeat: a file gets the
-# same change on every line).
+# that (it was just set, moved or realigned after an edit) FRESH + min(copied + i, 5), or
+# RESUMED + min(copied + i, 5) when the realignment resumed a trusted copy after an edit of at
+# most SHORT_EDIT tokens and at most SHORT_EDIT tokens on (a type hint inserted, a word
+# replaced: such copies go on); while the text is still being edited (out of step),
+# OUT_OF_STEP + min(i, 4). Edit classes of a source token, from how the text treated that token
+# id when copying it so far: 0 never copied yet, 1 always kept, 2 edited less than half the
+# time, 3 more often (edits repeat: a file gets the same change on every line).
 IN_STEP = 40
 FRESH = 80
 FRESH_UNTIL = 4
 OUT_OF_STEP = 90
-# How far before and after the anchor a realignment looks.
+RESUMED = 100
+SHORT_EDIT = 4
+# How far before and after the anchor a realignment looks, and how many bytes of text it compares.
 BEHIND, AHEAD = 4, 64
+REALIGN_BYTES = 32
+DISTANCE = 0.25
 # Agreement that moves the anchor to another occurrence.
 MOVE = 4
 
@@ -119,10 +137,15 @@ class PromptLookup:
     Editing a file (adding type hints, renaming) copies it with insertions and replacements;
     after each edit the copy resumes right after where it left off, which an n-gram match of
     the last tokens alone often misses (``:\n`` occurs everywhere, an inserted ``float`` nowhere).
+    The copy is found again by comparing text, not tokens: an edit often splits a token of the
+    source (``):\n`` becomes ``) -> float:\n``, whose last token ``:\n`` ends the source's
+    ``):\n``). ``piece`` gives a token's bytes; without it each token is a symbol of its own.
     """
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
+                 piece: Optional[Callable[[int], bytes]] = None) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.piece = piece or _symbol
         self.history = TokenIndex(ngram_min, ngram_max)
         self.references: List[TokenIndex] = []
         for ref in references:
@@ -157,22 +180,40 @@ class PromptLookup:
                 self.edits[expected] = (kept + (expected == t), edited + (expected != t))
             if expected == t:
                 a.pos, a.gap, a.copied = a.pos + 1, 0, a.copied + 1
+                a.trusted = a.trusted or a.copied >= FRESH_UNTIL
+            elif not a.gap and not a.copied and a.home is not None:
+                a.pos, a.gap, a.home, a.resumed = a.home, a.edit + 1, None, False
             else:
                 a.gap += 1
         if a.gap:
             self._realign(a)
 
     def _realign(self, a: Anchor) -> None:
-        """Move the anchor to the nearest place around it where the text's last tokens occur."""
+        """Move the anchor to the token boundary around it where the source's text ends with as
+        much of the text's as possible (at least its whole last token), less DISTANCE bytes per
+        token away from the anchor: an edit is short and the copy resumes near where it left off,
+        while a spurious match (``] =`` of another line) is rarely much longer than the true one."""
         hist = self.history.tokens
-        index = self._indexes()[a.index]
-        limit = self._limit(a.index)
-        for n in range(min(self.ngram_max, len(hist)), self.ngram_min - 1, -1):
-            ends = index.ends(tuple(hist[len(hist) - n:]))
-            k = bisect_left(ends, a.pos - BEHIND)
-            if k < len(ends) and ends[k] <= a.pos + AHEAD and ends[k] < limit:
-                a.pos, a.gap, a.copied = ends[k], 0, 0  # trust is earned again
-                return
+        src = self._indexes()[a.index].tokens
+        text = self._tail(hist, len(hist))
+        need = len(self.piece(hist[-1]))
+        best, best_pos = 0.0, -1
+        for p in range(max(a.pos - BEHIND, 1), min(a.pos + AHEAD, self._limit(a.index) - 1) + 1):
+            n = common_prefix(text[::-1], self._tail(src, p)[::-1])
+            score = n - DISTANCE * (p - a.pos if p >= a.pos else 2 * (a.pos - p))
+            if n >= need and score > best:
+                best, best_pos = score, p
+        if best_pos >= 0:
+            a.resumed = a.trusted and a.gap <= SHORT_EDIT and 0 <= best_pos - a.pos <= SHORT_EDIT
+            a.home, a.pos, a.edit, a.gap, a.copied = a.pos, best_pos, a.gap, 0, 0  # trust is earned again
+
+    def _tail(self, tokens: Sequence[int], end: int) -> bytes:
+        """The last REALIGN_BYTES bytes of the text of ``tokens[:end]``."""
+        out, i = b"", end
+        while len(out) < REALIGN_BYTES and i > 0:
+            i -= 1
+            out = self.piece(tokens[i]) + out
+        return out[-REALIGN_BYTES:]
 
     def find(self, max_len: int, max_candidates: int) -> List[Tuple[List[int], Tuple[int, ...]]]:
         """Up to ``max_candidates`` distinct continuations of the history (each up to
@@ -203,7 +244,8 @@ class PromptLookup:
             if a.gap:
                 evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
             elif a.copied < FRESH_UNTIL:
-                evidence = tuple(FRESH + min(a.copied + i, 5) for i in range(len(cont)))
+                base = RESUMED if a.resumed else FRESH
+                evidence = tuple(base + min(a.copied + i, 5) for i in range(len(cont)))
             else:
                 evidence = tuple(IN_STEP + 10 * self._edit_class(t) + (a.copied + i >= 16) for i, t in enumerate(cont))
             found.append((cont, evidence))
@@ -233,8 +275,8 @@ class LookupSource:
     expensive = False
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
-                 max_len: int = 31) -> None:
-        self.lookup = PromptLookup(ngram_min, ngram_max, references)
+                 max_len: int = 31, piece: Optional[Callable[[int], bytes]] = None) -> None:
+        self.lookup = PromptLookup(ngram_min, ngram_max, references, piece)
         self.max_len = max_len
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,

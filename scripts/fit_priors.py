@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
@@ -32,6 +32,7 @@ from llamaspec.bench.suite import greedy_answers  # noqa: E402
 from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel, cached_curve  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 from llamaspec.lookahead import LookaheadSource  # noqa: E402
+from llamaspec._llama import Model  # noqa: E402
 from llamaspec.lookup import LookupSource  # noqa: E402
 from llamaspec.planner import Planner  # noqa: E402
 from llamaspec.replay import copy_oracle, replay  # noqa: E402
@@ -53,10 +54,10 @@ def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
     return answers
 
 
-def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel) -> Speculator:
+def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, piece: Callable[[int], bytes]) -> Speculator:
     sources: list = []
     if "lookup" in names:
-        sources.append(LookupSource())
+        sources.append(LookupSource(piece=piece))
     if "lookahead" in names:
         sources.append(LookaheadSource(LookaheadConfig()))
     return Speculator(sources, model, Planner(CostModel(curve)))
@@ -70,6 +71,7 @@ def main() -> int:
     parser.add_argument("--curve", choices=["measured", "reference", "flat"], default="reference")
     args = parser.parse_args()
     answers = record(args.model, args.n, args.answers)
+    piece = Model(models.resolve_model(args.model), vocab_only=True).piece  # lookup compares text
     if args.curve == "measured":
         curve = cached_curve(models.resolve_model(args.model), default_threads(), models.cache_dir() / "costs.json")
         if curve is None:
@@ -79,7 +81,7 @@ def main() -> int:
 
     counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
     for item in answers.values():
-        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts))
+        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts, piece))
     print("observed acceptance per bucket (seen):")
     for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
         print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
@@ -89,9 +91,9 @@ def main() -> int:
           f"{'both/oracle':>12} {'perfect/oracle':>15}")
     both = ["lookup", "lookahead"]
     for name, item in answers.items():
-        row = [replay(item["prompt"], item["answer"], speculator(s, curve, AcceptanceModel())).speedup
+        row = [replay(item["prompt"], item["answer"], speculator(s, curve, AcceptanceModel(), piece)).speedup
                for s in (["lookup"], ["lookahead"], both)]
-        perfect = replay(item["prompt"], item["answer"], speculator(both, curve, AcceptanceModel()), perfect=True).speedup
+        perfect = replay(item["prompt"], item["answer"], speculator(both, curve, AcceptanceModel(), piece), perfect=True).speedup
         bound = copy_oracle(item["prompt"], item["answer"], curve.cost)
         print(f"  {name:18} {row[0]:7.2f}x {row[1]:9.2f}x {row[2]:7.2f}x {perfect:7.2f}x {bound:7.2f}x "
               f"{100 * row[2] / bound:11.0f}% {100 * perfect / bound:14.0f}%")

@@ -52,6 +52,12 @@ def model_file():
 
 
 @pytest.fixture(scope="session")
+def qwen_piece(model_file):
+    """The bytes of a Qwen2.5 token (the vocabulary of the recorded answers in tests/data)."""
+    return Model(model_file(QWEN), vocab_only=True).piece
+
+
+@pytest.fixture(scope="session")
 def pool() -> ModelPool:
     """Every model file is mapped once for the whole suite, whatever uses it."""
     return ModelPool()

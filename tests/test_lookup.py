@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
 from llamaspec.candidates import Budget, length_bucket
-from llamaspec.lookup import FRESH, IN_STEP, OUT_OF_STEP, LookupSource, PromptLookup, TokenIndex
+from llamaspec.lookup import FRESH, IN_STEP, OUT_OF_STEP, RESUMED, LookupSource, PromptLookup, TokenIndex
 from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
 
 GREEDY = SamplingConfig(temperature=0)
@@ -98,3 +98,51 @@ def test_ngram_caches_follow_draft_and_persist(tmp_path):
     assert NgramCache.load(path).get((2, 3)) == {4: 1}
     source.finish([1, 2, 3, 4, 1, 2, 3, 4])  # only the new n-grams are added
     assert NgramCache.load(path).get((2, 3)) == {4: 2}
+
+
+def words(pieces):
+    """The bytes of a token: its own text where given, else a word of its own."""
+    return lambda t: pieces.get(t, b" w%d" % t)
+
+
+def test_the_copy_resumes_where_an_edit_split_a_source_token():
+    """``total(self):\\n`` edited to ``total(self) -> int:\\n``: the text's last token ``:\\n``
+    never occurs in the source where the copy left off (the source has ``):\\n`` there, one
+    token), but its text ends that token, so the copy resumes right after it, and not after the
+    ``wait:\\n`` further on, one byte longer a match (``t:\\n``) but far from where the copy
+    left off. Comparing tokens finds only that one."""
+    pieces = {1: b"def total", 2: b"(self", 3: b"):\n", 4: b"    return", 5: b" x", 6: b"\n",
+              7: b")", 8: b" ->", 9: b" int", 10: b":\n", 11: b"    wait"}
+    source = [20, 21, 22, 23, 24, 25, 26, 1, 2, 3, 4, 5, 6, 27, 28, 11, 10, 29]
+    text = [99, 20, 21, 22, 23]
+    for piece in (words(pieces), None):
+        lookup = PromptLookup(1, 4, references=[source], piece=piece)
+        lookup.follow(text)
+        lookup.find(8, 4)  # the anchor: after 23, four tokens agree
+        edited = text + [24, 25, 26, 1, 2] + [7, 8, 9, 10]  # copied five, then the edit
+        for n in range(len(text) + 1, len(edited) + 1):
+            lookup.follow(edited[:n])
+        cont, evidence = lookup.find(8, 4)[0]
+        if piece is None:  # tokens alone: the wrong place
+            assert cont == [29]
+        else:  # a trusted copy taken up again after a short edit
+            assert cont[:3] == [4, 5, 6] and evidence[0] == RESUMED
+
+
+def test_a_realignment_inside_an_insertion_is_undone_when_the_copy_does_not_go_on():
+    """The insertion ``: dict[str, InventoryItem]`` holds a long piece of text that also occurs
+    further on in the source; the anchor moves there, the next token is not copied from there,
+    so it goes back to where the copy left off, and the copy resumes there."""
+    pieces = {40: b": dict[str,", 41: b" InventoryItem", 42: b"]"}
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 41, 30, 31]
+    lookup = PromptLookup(1, 4, references=[source], piece=words(pieces))
+    text = [99, 10, 11, 12, 13]
+    lookup.follow(text)
+    lookup.find(8, 4)  # the anchor: 14 next
+    text += [40, 41]
+    lookup.follow(text)
+    assert lookup.find(8, 4)[0][0][:2] == [30, 31]  # 41 occurs 9 tokens on: taken for the copy resuming
+    text += [42, 14]  # it does not; the copy resumes where it left off
+    for n in (len(text) - 1, len(text)):
+        lookup.follow(text[:n])
+    assert lookup.find(8, 4)[0][0][:3] == [15, 16, 17]
