@@ -103,7 +103,8 @@ class Outcome:
     not. ``verified[c]`` is how many tokens of ``candidates[c]`` were in the batch,
     ``path_sources`` the sources behind each accepted token, ``rider_tokens`` the target's
     greedy token at each rider row with logits (None when no rider rode), ``cost`` what the
-    step cost as planned, in single-token decodes.
+    step cost as planned, in single-token decodes, ``estimated`` the candidate tokens the
+    acceptance model expected accepted among those verified.
     """
 
     tokens: Sequence[int]
@@ -113,6 +114,7 @@ class Outcome:
     path_sources: Tuple[Tuple[str, ...], ...] = ()
     rider_tokens: Optional[Tuple[int, ...]] = None
     cost: float = 0.0
+    estimated: float = 0.0
 
     @property
     def n_accepted(self) -> int:

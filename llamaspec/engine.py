@@ -211,7 +211,8 @@ def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[T
     trie, candidates = plan.trie, plan.candidates
     accepted = [trie.token[v] for v in path]
     path_sources = tuple(trie.sources(v, candidates) for v in path)
-    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens, cost)
+    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens, cost,
+                      plan.choice.estimated)
     drafted: Dict[str, int] = {}
     for v in range(1, len(trie)):
         for name in trie.sources(v, candidates):

@@ -15,6 +15,13 @@ best S is the |S| nodes of highest P, and that set holds every node's parent (P 
 a path), so one pass over the nodes by decreasing P tries every size; the cost curve need not be
 monotone. S empty is a plain step: E / cost = 1.
 
+The estimates are calibrated: the planner verifies the candidates rated best, so those are rated
+too well on average where the text gives little to copy, while a copied run, once it is going,
+goes on longer than its per-token rates multiply out to. Every P is multiplied by the ratio of
+the candidate tokens accepted to those the estimates expected, over recent verified steps
+(``Planner.calibration``, held near 1 until there is evidence, drifting back to 1 when nothing
+is verified), siblings still sharing at most their parent's P.
+
 A rider (lookahead's Jacobi window) adds its rows to the batch and its value (expected future
 tokens) to E; it rides when that raises E / cost.
 
@@ -69,12 +76,14 @@ class Limits:
 @dataclass(frozen=True)
 class Choice:
     """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the rider rides.
-    ``expected`` tokens for ``cost`` single-token decodes (drafting included)."""
+    ``expected`` tokens for ``cost`` single-token decodes (drafting included); ``estimated``: the
+    candidate tokens the acceptance model expected accepted, before calibration."""
 
     lengths: Tuple[int, ...]
     ride: bool
     expected: float
     cost: float
+    estimated: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -89,11 +98,16 @@ class Planner:
     """
 
     RATE_DECAY = 0.95
+    # Calibration: decay per step, and the pseudo-count of accepted tokens that holds the factor
+    # at 1 until evidence builds up (and brings it back to 1 when nothing is verified for a while).
+    CALIBRATION_DECAY = 0.95
+    CALIBRATION_PRIOR = 8.0
 
     def __init__(self, costs: CostModel, fixed: FrozenSet[str] = frozenset()) -> None:
         self.costs = costs
         self.fixed = fixed
         self._tokens, self._cost = 0.0, 0.0  # decayed sums over recent steps
+        self._accepted, self._estimated = 0.0, 0.0  # decayed sums over recent verified steps
 
     @property
     def rate(self) -> float:
@@ -101,16 +115,31 @@ class Planner:
         cost is worth elsewhere, the price each step's extra rows must beat."""
         return max(1.0, self._tokens / self._cost) if self._cost > 0 else 1.0
 
-    def learn(self, n_tokens: int, cost: float) -> None:
-        """A step emitted ``n_tokens`` for ``cost`` (its plan's estimate)."""
+    @property
+    def calibration(self) -> float:
+        """How many candidate tokens were accepted, recently, per token the acceptance model
+        expected accepted in what was verified. The planner picks the candidates rated best, so
+        the ones it verifies are rated too well on average where the text gives little to copy
+        (the factor falls below 1), and copied runs go on longer than per-token rates multiply
+        out to where it gives much (above 1)."""
+        k = self.CALIBRATION_PRIOR
+        return (self._accepted + k) / (self._estimated + k)
+
+    def learn(self, n_tokens: int, cost: float, estimated: float = 0.0) -> None:
+        """A step emitted ``n_tokens`` for ``cost`` (its plan's estimate); ``estimated``: the
+        candidate tokens its plan expected accepted before calibration (0 for a plain step)."""
         d = self.RATE_DECAY
         self._tokens, self._cost = self._tokens * d + n_tokens, self._cost * d + cost
+        d = self.CALIBRATION_DECAY
+        self._accepted = self._accepted * d + (n_tokens - 1 if estimated > 0 else 0)
+        self._estimated = self._estimated * d + estimated
 
     def choose(self, candidates: Sequence[Candidate], rates: Sequence[Sequence[float]],
                rider: Optional[Rider], limits: Limits, sunk: float = 0.0) -> Choice:
         """The best selection. ``rates[c][i]``: estimated acceptance of ``candidates[c].tokens[i]``
         given its predecessors; ``sunk``: what drafting already cost this step."""
-        parent, prob, depth, support = _nodes(candidates, rates)
+        parent, raw, depth, support = _nodes(candidates, rates)
+        prob = _scaled(parent, raw, self.calibration)
         forced = [v for v in range(1, len(parent))
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
         force_ride = rider is not None and bool(self.fixed)
@@ -167,7 +196,7 @@ class Planner:
                 lengths[c] = max(lengths[c], pos + 1)
         expected = 1.0 + sum(prob[v] for v in chosen[:n]) + (rider.value if ride and rider else 0.0)
         rows = 1 + n + (rider_rows if ride else 0)
-        return Choice(tuple(lengths), ride, expected, sunk + cost(rows))
+        return Choice(tuple(lengths), ride, expected, sunk + cost(rows), sum(raw[v] for v in chosen[:n]))
 
     def ask(self, name: str, rate: float, lag: int, draft_max: int, candidates: Sequence[Candidate],
             rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> Tuple[Optional[Budget], str]:
@@ -213,6 +242,19 @@ class Planner:
         if best_k == 0 and not fixed:
             return None, why
         return Budget(min(draft_max, limits.max_depth), 1, stop_below=0.0 if fixed else lam * c_d), ""
+
+
+def _scaled(parent: Sequence[int], prob: Sequence[float], factor: float) -> List[float]:
+    """Every node's P times ``factor``, the children of a node together at most its own P (the
+    likelier first: siblings exclude each other). Parents come before their children."""
+    out = [1.0] * len(prob)
+    left = [1.0] * len(prob)  # what a node's children may still share
+    for v in sorted(range(1, len(prob)), key=lambda u: (-prob[u], u)):  # a parent's P is at least its child's
+        p = parent[v]
+        out[v] = min(left[p], factor * prob[v])
+        left[p] -= out[v]
+        left[v] = out[v]
+    return out
 
 
 def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):

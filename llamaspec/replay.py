@@ -79,7 +79,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         pos += len(emitted)
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
         speculator.learn(Outcome(tokens, plan.candidates, plan.lengths, tuple(emitted), path_sources,
-                                 cost=plan.choice.cost))
+                                 cost=plan.choice.cost, estimated=plan.choice.estimated))
         stats.n_tokens += len(emitted)
         stats.n_steps += 1
         stats.n_drafted += len(trie) - 1

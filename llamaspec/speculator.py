@@ -97,7 +97,7 @@ class Speculator:
 
     def learn(self, outcome: Outcome) -> None:
         self.model.learn(outcome)
-        self.planner.learn(len(outcome.emitted), outcome.cost)
+        self.planner.learn(len(outcome.emitted), outcome.cost, outcome.estimated)
         for source in self.sources:
             source.learn(outcome)
 

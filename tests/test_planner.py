@@ -108,3 +108,28 @@ def test_the_price_of_a_row_is_the_rate_already_reached():
     assert planner.choose(cands, rates, None, ROOMY).lengths[0] <= cheap.lengths[0]
     planner.learn(0, 1000.0)
     assert planner.rate == 1.0  # never below plain decoding's
+
+
+def test_calibration_follows_what_verified_steps_accepted():
+    """Verified candidates that are accepted less than rated (the planner verifies the ones rated
+    best, so their ratings run high) make it verify less; copies that go on longer than the
+    per-token ratings multiply out to make it verify more; plain steps bring it back."""
+    cands = [cand(range(1, 9))]
+    rates = [[0.85] * 8]
+    planner = Planner(CostModel(REFERENCE_CPU))
+    assert planner.calibration == 1.0
+    before = planner.choose(cands, rates, None, ROOMY).lengths[0]
+    assert 1 <= before < 8
+    for _ in range(30):
+        planner.learn(1, 2.0, estimated=1.5)  # verified, rated 1.5 tokens, none accepted
+    assert planner.calibration < 0.4
+    assert planner.choose(cands, rates, None, ROOMY).lengths[0] < before
+    for _ in range(60):
+        planner.learn(1, 1.0)  # plain steps
+    assert 0.8 < planner.calibration < 1.0
+    longer, rated = Planner(CostModel(REFERENCE_CPU)), Planner(CostModel(REFERENCE_CPU))
+    for _ in range(30):
+        longer.learn(9, 5.0, estimated=4.0)  # 8 accepted where 4 were rated
+        rated.learn(9, 5.0, estimated=8.0)  # as rated: the same rate reached
+    assert longer.calibration > 1.5 and rated.calibration == pytest.approx(1.0, abs=0.01)
+    assert longer.choose(cands, rates, None, ROOMY).lengths[0] > rated.choose(cands, rates, None, ROOMY).lengths[0]
