@@ -200,7 +200,7 @@ class PromptLookup:
         best, best_pos = 0.0, -1
         for p in range(max(a.pos - BEHIND, 1), min(a.pos + AHEAD, self._limit(a.index) - 1) + 1):
             end = self.piece(src[p - 1])
-            if end[-1:] != text[-1:] and end:  # not even the last byte agrees
+            if end and end[-1:] != text[-1:]:  # not even the last byte agrees
                 continue
             n = common_prefix(text[::-1], self._tail(src, p)[::-1])
             score = n - DISTANCE * (p - a.pos if p >= a.pos else 2 * (a.pos - p))
