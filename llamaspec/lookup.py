@@ -109,7 +109,8 @@ class Anchor:
 # Evidence buckets of lookup. Token i of an n-gram match that agrees with the text on L tokens:
 # length_bucket(L + i) (0 .. 32). Of the anchor's continuation: once the text has copied at least
 # FRESH_UNTIL tokens from it, IN_STEP + 10 * the token's edit class + (copied + i >= 16); before
-# that (it was just set, moved or realigned after an edit) FRESH + min(copied + i, 5), or
+# that (it was just set, moved or realigned after an edit; unless the token was never kept, see
+# PromptLookup._in_step) FRESH + min(copied + i, 5), or
 # RESUMED + min(copied + i, 5) when the realignment resumed a trusted copy after an edit of at
 # most SHORT_EDIT tokens and at most SHORT_EDIT tokens on (a type hint inserted, a word
 # replaced: such copies go on); while the text is still being edited (out of step),
@@ -122,6 +123,8 @@ FRESH_UNTIL = 4
 OUT_OF_STEP = 90
 RESUMED = 100
 SHORT_EDIT = 4
+# A source token the text departed from this many times and never copied ends a fresh copy too.
+NEVER_KEPT = 2
 # How far before and after the anchor a realignment looks, and how many bytes of text it compares.
 BEHIND, AHEAD = 4, 64
 REALIGN_BYTES = 32
@@ -246,11 +249,8 @@ class PromptLookup:
             cont = indexes[a.index].tokens[a.pos:min(a.pos + max_len, self._limit(a.index))]
             if a.gap:
                 evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
-            elif a.copied < FRESH_UNTIL:
-                base = RESUMED if a.resumed else FRESH
-                evidence = tuple(base + min(a.copied + i, 5) for i in range(len(cont)))
             else:
-                evidence = tuple(IN_STEP + 10 * self._edit_class(t) + (a.copied + i >= 16) for i, t in enumerate(cont))
+                evidence = tuple(self._in_step(a, i, t) for i, t in enumerate(cont))
             found.append((cont, evidence))
         for agree, _, i, e in scored:
             if len(found) == max_candidates:
@@ -259,6 +259,16 @@ class PromptLookup:
             if cont and not any(k[:len(cont)] == cont for k, _ in found):  # nothing new: a prefix of one kept
                 found.append((cont, tuple(length_bucket(agree + j) for j in range(len(cont)))))
         return found
+
+    def _in_step(self, a: Anchor, i: int, token: int) -> int:
+        """The bucket of the anchor's i-th next token while the text is in step with it. A
+        token the text never copied but departed from NEVER_KEPT times takes its edit class's
+        bucket even in a fresh copy: a summary quotes a sentence, then ends its line where the
+        source goes on, every time."""
+        kept, edited = self.edits.get(token, (0, 0))
+        if a.copied >= FRESH_UNTIL or (edited >= NEVER_KEPT and not kept):
+            return IN_STEP + 10 * self._edit_class(token) + (a.copied + i >= 16)
+        return (RESUMED if a.resumed else FRESH) + min(a.copied + i, 5)
 
     def _edit_class(self, token: int) -> int:
         kept, edited = self.edits.get(token, (0, 0))

@@ -78,6 +78,24 @@ def test_edit_classes_learn_where_the_text_departs_from_its_source():
     assert lookup._edit_class(5) == 3 and lookup._edit_class(6) == 1 and lookup._edit_class(2) == 0
 
 
+def test_a_fresh_copy_ends_where_the_text_always_departed_from_the_source():
+    """A summary quotes sentences of its source, each up to its period (5), and then starts a
+    new line (77) where the source goes on: once the text has departed at 5 twice and never
+    copied it, a fresh copy (just realigned) rates 5 as the edited token it is, not as the
+    rest of a fresh copy."""
+    source = [1, 2, 3, 4, 5, 10, 11, 12, 13, 5, 20, 21, 22, 5, 30, 31, 32, 5]
+    lookup = PromptLookup(1, 4, references=[source])
+    text = [0, 1, 2, 3, 4, 77, 10, 11, 12, 13, 77, 20, 21]  # two sentences quoted, the third begun
+    for i in range(2, len(text) + 1):
+        lookup.follow(text[:i])
+        lookup.find(8, 4)
+    assert lookup.edits[5] == (0, 2)
+    cont, evidence = lookup.find(8, 4)[0]
+    assert cont[:2] == [22, 5]
+    assert FRESH <= evidence[0] < OUT_OF_STEP  # the copy is fresh ...
+    assert evidence[1] == IN_STEP + 30  # ... but 5 was always edited
+
+
 def test_lookup_source_proposes_up_to_the_budget():
     source = LookupSource(1, 4, max_len=5)
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
