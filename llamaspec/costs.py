@@ -75,6 +75,7 @@ class CostModel:
         self.curves = {"target": target, "draft": draft}
         self._size: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (kind, n) -> (sum of ratios, weight)
         self._all: Dict[str, Tuple[float, float]] = {}
+        self._verify: Dict[int, float] = {}  # verify(n) until the next observation changes it
 
     @property
     def has_draft(self) -> bool:
@@ -93,7 +94,10 @@ class CostModel:
 
     def verify(self, n: int) -> float:
         """Cost of one target decode of n rows, relative to one row."""
-        return self.ms("target", n) / self.ms("target", 1)
+        cost = self._verify.get(n)
+        if cost is None:
+            cost = self._verify[n] = self.ms("target", n) / self.ms("target", 1)
+        return cost
 
     def draft_token(self) -> float:
         """Cost of one single-token draft decode, relative to one of the target."""
@@ -117,6 +121,7 @@ class CostModel:
         if curve is None or curve.ms_per_token <= 0 or seconds <= 0:
             return
         r = 1000 * seconds / curve.ms(n)
+        self._verify.clear()
         d = self.DECAY
         for key, table in (((kind, n), self._size), (kind, self._all)):
             s, w = table.get(key, (0.0, 0.0))  # type: ignore[call-overload]

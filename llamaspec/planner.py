@@ -199,11 +199,13 @@ class Planner:
         return Choice(tuple(lengths), ride, expected, sunk + cost(rows), sum(raw[v] for v in chosen[:n]))
 
     def ask(self, name: str, rate: float, lag: int, draft_max: int, candidates: Sequence[Candidate],
-            rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> Tuple[Optional[Budget], str]:
+            rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits,
+            base: Optional[Choice] = None) -> Tuple[Optional[Budget], str]:
         """Whether a draft model is worth running this step, with ``rate`` its expected per-token
-        acceptance and ``lag`` the accepted tokens its cache misses: (its budget or None, why)."""
+        acceptance and ``lag`` the accepted tokens its cache misses: (its budget or None, why).
+        ``base``: the choice among the other candidates, when already made."""
         lam = self.rate
-        base = self.choose(candidates, rates, rider, limits)
+        base = base or self.choose(candidates, rates, rider, limits)
         base_score = base.expected - lam * base.cost
         c_d = self.costs.draft_token()
         lengths = [k for k in ASK_LENGTHS if k <= min(draft_max, limits.max_depth)]

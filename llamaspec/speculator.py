@@ -73,12 +73,13 @@ class Speculator:
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
         rates = [rate_of(c) for c in candidates]
+        choice = self.planner.choose(candidates, rates, rider, limits)
         sunk, t_draft, idle = 0.0, 0.0, {}
         for source in self.sources:
             if not source.expensive or limits.max_depth <= 0:
                 continue
             ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
-                                        source.max_len, candidates, rates, rider, limits)
+                                        source.max_len, candidates, rates, rider, limits, choice)
             if ask is None:
                 idle[source.name] = why
                 continue
@@ -91,7 +92,7 @@ class Speculator:
             for cand in proposal.candidates:
                 candidates.append(cand)
                 rates.append(rate_of(cand))
-        choice = self.planner.choose(candidates, rates, rider, limits, sunk)
+            choice = self.planner.choose(candidates, rates, rider, limits, sunk)
         trie = Trie.build(tokens[-1], candidates, choice.lengths)
         return Plan(trie, tuple(candidates), choice.lengths, rider if choice.ride else None, choice, t_draft, idle)
 
