@@ -151,5 +151,5 @@ def test_chat_ctrl_c_stops_the_reply_and_keeps_the_session(smol):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert "[stopped]" in out
+    assert "[stopped]" in out, err
     assert err.count("auto:") >= 1  # the second reply finished with its summary
