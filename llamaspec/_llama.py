@@ -86,6 +86,7 @@ class Model:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
+        params.use_extra_bufts = weight_repacking()
         _log_lines.clear()
         ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
@@ -429,6 +430,15 @@ class Context:
 def system_info() -> str:
     _ensure_backend()
     return ll.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def weight_repacking() -> bool:
+    """Whether models load with llama.cpp's repacked weights (its extra buffer types).
+
+    Not when this build has AMX kernels: they crash on Q4_K weights in the first decode
+    (llama.cpp issue 20824); scripts/cpu_cmake_args.sh builds without them, which is faster.
+    """
+    return "AMX_INT8 = 1" not in system_info()
 
 
 def max_sequences() -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from llamaspec._llama import weight_repacking
 from llamaspec.bench.compare import default_bin_dir, find_program, generated_text
 
 from conftest import PROMPTS, QWEN, THREADS, chatml
@@ -58,13 +59,15 @@ def test_plain_is_llama_completion(qwen_plain, model_file, tmp_path, i):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(prompt + "\n")  # llama.cpp drops one trailing newline of -f
     out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
-               "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"])
+               "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
+              + ([] if weight_repacking() else ["--no-repack"]))
     theirs = generated_text(out, prompt, "plain")
     assert theirs == ours.text, (theirs, ours.text)
 
 
 @pytest.mark.parametrize("i", range(len(RAW)))
 def test_plain_is_llama_simple(qwen_plain, model_file, i):
+    assert weight_repacking(), "llama-simple repacks weights: build llama-cpp-python as the README says (no AMX)"
     prompt = RAW[i]
     qwen_plain.reset()
     ours = qwen_plain.generate(prompt, max_tokens=N, temperature=0)

@@ -21,7 +21,7 @@ import pytest
 from llamaspec import LlamaspecError, PromptError, SamplingConfig
 from llamaspec.errors import StreamClosedError
 
-from conftest import SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
 from test_engine_real import assert_kv_invariant
 
 A, B = "Once upon a time", "def fibonacci(n):"  # different first tokens: no cached prefix to share
@@ -154,6 +154,18 @@ def test_the_first_cost_measurement_says_what_it_does(smol, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "measuring decode costs of SmolLM2-135M-Instruct.Q4_1 (once)" in result.stderr
     assert (tmp_path / "costs.json").is_file()
+
+
+def test_q4_k_weights_decode_a_verify_batch_in_a_fresh_process(model_file):
+    """In a process of its own, so a crash fails this test alone: llama.cpp's AMX kernels crash on
+    Q4_K weights (both Qwen files) in the first decode; llamaspec loads them without repacking then."""
+    code = ("import sys; from pathlib import Path; from llamaspec._llama import Context, Model; "
+            "c = Context(Model(Path(sys.argv[1])), n_ctx=256, n_threads=2); "
+            "c.eval(list(range(100, 116)), logits='all'); print(int(c.logits(16).argmax(axis=1).size))")
+    done = subprocess.run([sys.executable, "-c", code, str(model_file(QWEN_DRAFT))], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.strip() == "16"
 
 
 def console_script() -> str:

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from tqdm import tqdm
 
 from .. import models
+from .._llama import weight_repacking
 from ..api import LlamaSpec, Result
 from ..errors import ConfigError
 from .report import Machine, format_columns, machine_info, version
@@ -89,6 +90,8 @@ def command(strategy: str, program: Path, model: Path, draft: Optional[Path], pr
     s = settings
     cmd = [str(program), "-m", str(model), "-f", str(prompt_file), "-n", str(s.n_predict), "-c", str(s.n_ctx),
            "-t", str(threads), "--temp", "0", "-ngl", _layers(s.n_gpu_layers)]  # the programs default to "auto"
+    if not weight_repacking():
+        cmd += ["--no-repack"]  # the same kernels as llamaspec's
     if strategy == "plain":
         cmd += ["-no-cnv", "--no-display-prompt"]  # raw prompt, no chat template; stdout is the text
     elif strategy == "draft":
