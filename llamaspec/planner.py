@@ -2,9 +2,9 @@
 
 The model. A candidate token v is accepted when its parent was and the target picks v's token:
 P(v) = P(parent) * a(v), with a(v) from the acceptance model's per-token estimates (where
-several candidates share v, the best of their chains); the children of one node exclude each
-other, so the best estimated child keeps its a and each next one gets at most what the better
-ones leave. Verifying the node set S emits on average
+several candidates share v, the best of their chains, but see SHADOWED); the children of one
+node exclude each other, so the best estimated child keeps its a and each next one gets at most
+what the better ones leave. Verifying the node set S emits on average
 
     E(S) = 1 + sum of P(v) over S          (the 1: the target's own token, always emitted)
 
@@ -55,6 +55,14 @@ from .trie import Trie
 MAX_LEAVES = 8
 # A draft model's catch-up is charged this many steps' share each step (see Planner.ask).
 CATCH_UP_STEPS = 8
+# Sources whose text candidates another source also finds, with more specific evidence: where
+# both propose a token, only the other's estimate counts. Lookahead's pool holds the n-grams of
+# the prompt, the references and the output, which lookup reads too; lookup's evidence (match
+# length, the anchor's edit history) knows where a copy is about to be edited, the pool's
+# (context match) does not, and its estimates, learned mostly where both agree on a copy, would
+# rate the edit points as copies. (On this CPU's steep curve the best of the two made `auto`
+# slower than lookup alone in replays.)
+SHADOWED = {"lookahead": "lookup"}
 # Draft lengths tried when deciding whether to ask a draft model.
 ASK_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -265,7 +273,8 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
 
     Each candidate's own chain gives P_c(i) = rates[c][0] * .. * rates[c][i]; a node shared by
     several candidates takes the best of their chains (sources that copy the same text are not
-    independent evidence, so their estimates are not combined). Then a(v) = P(v) / P(parent)."""
+    independent evidence, so their estimates are not combined), a SHADOWED source's left out
+    where the source shadowing it proposes the node too. Then a(v) = P(v) / P(parent)."""
     merged = [c for c, cand in enumerate(candidates) if cand.q is None]
     trie = Trie.build(-1, [candidates[c] for c in merged], [len(candidates[c].tokens) for c in merged])
     parent, depth = list(trie.parent), list(trie.depth)
@@ -277,7 +286,7 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
             p *= a
             chain.append(p)
         chains.append(chain)
-    best = [max((chains[c][pos] for c, pos in s), default=1.0) for s in support]
+    best = [max((chains[c][pos] for c, pos in _unshadowed(s, candidates)), default=1.0) for s in support]
     for c, cand in enumerate(candidates):
         if cand.q is None:
             continue
@@ -300,3 +309,11 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
     for v in range(1, len(parent)):  # parents first
         prob[v] = prob[parent[v]] * accept[v]
     return parent, prob, depth, support
+
+
+def _unshadowed(support: Sequence[Tuple[int, int]], candidates: Sequence[Candidate]) -> Sequence[Tuple[int, int]]:
+    """The (candidate, position) pairs behind a node whose estimates count (see SHADOWED)."""
+    names = {candidates[c].source for c, _ in support}
+    if not any(SHADOWED.get(name) in names for name in names):
+        return support
+    return [(c, pos) for c, pos in support if SHADOWED.get(candidates[c].source) not in names]

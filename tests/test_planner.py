@@ -44,6 +44,19 @@ def test_a_steep_curve_verifies_short_drafts_or_none():
     assert choose(REFERENCE_CPU, cands, 0.98, reached=1.0).lengths[0] == 20  # at plain's price, every row pays
 
 
+def test_lookups_estimate_stands_where_lookahead_proposes_the_same_tokens():
+    """Lookahead's pool copies the text lookup reads: where both propose a token, lookup's
+    estimate counts (it knows the copy is about to be edited), not the higher of the two."""
+    copy = [cand([5, 6, 7], "lookup"), cand([5, 6, 7], "lookahead")]
+    _, prob, _, _ = _nodes(copy, [[0.9, 0.2, 0.9], [0.95, 0.95, 0.95]])
+    assert prob[1:] == pytest.approx([0.9, 0.18, 0.162])
+    planner = Planner(CostModel(REFERENCE_CPU))
+    assert planner.choose(copy, [[0.9, 0.2, 0.9], [0.95, 0.95, 0.95]], None, ROOMY).lengths[0] == 1
+    # what lookahead proposes alone keeps its own estimate
+    _, prob, _, _ = _nodes([cand([5, 6], "lookup"), cand([5, 8], "lookahead")], [[0.9, 0.2], [0.95, 0.7]])
+    assert sorted(prob[1:]) == pytest.approx([0.18, 0.95 * 0.7, 0.9])  # its chain
+
+
 def test_a_non_monotone_curve_is_searched_whole():
     dip = curve([1, 2, 8, 12, 16, 32], [1, 1.9, 8, 9, 5, 12])  # 16 rows far cheaper than 9 .. 15
     assert choose(dip, [cand(range(1, 31))], 0.97, reached=2.5).lengths == (15,)
@@ -133,3 +146,4 @@ def test_calibration_follows_what_verified_steps_accepted():
         rated.learn(9, 5.0, estimated=8.0)  # as rated: the same rate reached
     assert longer.calibration > 1.5 and rated.calibration == pytest.approx(1.0, abs=0.01)
     assert longer.choose(cands, rates, None, ROOMY).lengths[0] > rated.choose(cands, rates, None, ROOMY).lengths[0]
+
