@@ -146,17 +146,16 @@ class Planner:
                rider: Optional[Rider], limits: Limits, sunk: float = 0.0) -> Choice:
         """The best selection. ``rates[c][i]``: estimated acceptance of ``candidates[c].tokens[i]``
         given its predecessors; ``sunk``: what drafting already cost this step."""
+        if not self.fixed and not self._may_pay(rates, rider, limits):
+            return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1))
         parent, raw, depth, support = _nodes(candidates, rates)
         prob = _scaled(parent, raw, self.calibration)
         forced = [v for v in range(1, len(parent))
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
         force_ride = rider is not None and bool(self.fixed)
         rider_rows = len(rider.rows) if rider is not None else 0
-        base = limits.base_rows
-        below = self.costs.verify(base) if base else 0.0
-
         def cost(rows: int) -> float:
-            return self.costs.verify(base + rows) - below
+            return self._added(limits, rows)
 
         chosen: List[int] = []
         picked = [False] * len(parent)
@@ -205,6 +204,37 @@ class Planner:
         expected = 1.0 + sum(prob[v] for v in chosen[:n]) + (rider.value if ride and rider else 0.0)
         rows = 1 + n + (rider_rows if ride else 0)
         return Choice(tuple(lengths), ride, expected, sunk + cost(rows), sum(raw[v] for v in chosen[:n]))
+
+    def _added(self, limits: Limits, rows: int) -> float:
+        """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
+        base = limits.base_rows
+        return self.costs.verify(base + rows) - (self.costs.verify(base) if base else 0.0)
+
+    def _may_pay(self, rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> bool:
+        """Whether any selection could beat a plain step: a bound that spares building the trie
+        where nothing pays, which is most steps of a text that copies little. Verifying m nodes
+        adds at most the m best single chain values (calibrated, at most 1 each: merging shares
+        nodes and siblings exclude each other, which only lowers them) for m rows."""
+        lam, factor = self.rate, self.calibration
+        values = []
+        for r in rates:
+            p = 1.0
+            for a in r:
+                p *= a
+                values.append(min(1.0, factor * p))
+        values.sort(reverse=True)
+        plain = 1.0 - lam * self._added(limits, 1)
+        ride_rows, ride_value = (len(rider.rows), rider.value) if rider is not None else (0, 0.0)
+        if ride_rows and 1.0 + ride_value - lam * self._added(limits, 1 + ride_rows) > plain:
+            return True
+        value = 1.0
+        for m, v in enumerate(values[:limits.max_rows - 1], 1):
+            value += v
+            if value - lam * self._added(limits, 1 + m) > plain:
+                return True
+            if ride_rows and value + ride_value - lam * self._added(limits, 1 + m + ride_rows) > plain:
+                return True
+        return False
 
     def ask(self, name: str, rate: float, lag: int, draft_max: int, candidates: Sequence[Candidate],
             rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits,

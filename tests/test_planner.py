@@ -147,3 +147,30 @@ def test_calibration_follows_what_verified_steps_accepted():
     assert longer.calibration > 1.5 and rated.calibration == pytest.approx(1.0, abs=0.01)
     assert longer.choose(cands, rates, None, ROOMY).lengths[0] > rated.choose(cands, rates, None, ROOMY).lengths[0]
 
+
+class Unbounded(Planner):
+    """A planner that always builds and scans the trie (no bound)."""
+
+    def _may_pay(self, rates, rider, limits):
+        return True
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_bound_never_changes_a_choice(seed):
+    """Skipping the trie where the bound says nothing can beat a plain step chooses what the full
+    scan chooses, on random candidates, estimates, riders and curves (steep, flat, with a dip)."""
+    rng = np.random.default_rng(seed)
+    costs = [REFERENCE_CPU, GPU, curve([1, 2, 8, 12, 16, 32], [1, 1.9, 8, 9, 5, 12]),
+             curve([1, 2, 32], [1, 1.8, 40])][seed % 4]
+    cands = [cand(rng.integers(0, 4, rng.integers(1, 12)), ("lookup", "lookahead")[int(rng.integers(0, 2))])
+             for _ in range(rng.integers(1, 5))]
+    rates = [list(rng.uniform(0.0, 1.0, len(c.tokens)) ** rng.uniform(0.3, 4)) for c in cands]
+    rider = Rider(((7, 1, (0,), True),) * int(rng.integers(1, 4)), 1, float(rng.uniform(0, 2))) if seed % 3 == 0 else None
+    limits = Limits(max_depth=int(rng.integers(1, 12)), max_rows=int(rng.integers(2, 20)), room=100,
+                    base_rows=int(rng.integers(0, 3)))
+    reached, estimated = float(rng.uniform(1, 2)), float(rng.uniform(0, 50)) if seed % 2 else 0.0
+    choices = []
+    for planner in (Planner(CostModel(costs)), Unbounded(CostModel(costs))):
+        planner.learn(reached * 100, 100.0, estimated)  # a calibration away from 1 when estimated
+        choices.append(planner.choose(cands, rates, rider, limits))
+    assert choices[0] == choices[1]
