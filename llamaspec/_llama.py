@@ -300,6 +300,7 @@ class Context:
         self.batch = Batch(n_batch, n_seq_max)
         self.tokens: List[int] = []
         self.t_llama = 0.0  # seconds spent inside llama_decode, for profiling our own overhead
+        self._touched = 1  # sequences 1 .. _touched - 1 may hold cells: a decode or copy used them
 
     def close(self) -> None:
         if self._ptr:
@@ -353,14 +354,16 @@ class Context:
     # --- KV cache -------------------------------------------------------------------
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache, and
-        every other sequence whole (they only live within one :meth:`eval_rows` step).
+        every other sequence whole (they only live within one :meth:`eval_tree` step; those no
+        decode or copy used since they were last emptied hold nothing and are skipped).
 
         Removes positions >= n even when ``tokens`` says there are none: a Ctrl-C that lands
         between llama_decode's return and the update of ``tokens`` leaves a cell unrecorded.
         """
         self.seq_rm(0, n, -1)
-        for seq in range(1, self.n_seq_max):
+        for seq in range(1, self._touched):
             self.seq_rm(seq, -1, -1)
+        self._touched = 1
         del self.tokens[n:]
 
     def eval_tree(self, token: int, rows: Sequence[Row], n_seqs: int) -> int:
@@ -378,6 +381,7 @@ class Context:
         b = self.batch
         b.clear()
         b.add(token, n, range(n_seqs), True)
+        self._touched = max(self._touched, n_seqs)
         for t, offset, ids, logits in rows:
             b.add(t, n + offset, ids, logits)
         try:
@@ -397,6 +401,8 @@ class Context:
         self.seq_rm(0, len(self.tokens), -1)
         for s in range(1, n_seqs):
             self.seq_rm(s, -1, -1)
+        if self._touched <= n_seqs:
+            self._touched = 1
 
     def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
         """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
@@ -406,6 +412,7 @@ class Context:
         b.clear()
         for token, pos, seqs, logits in rows:
             b.add(token, pos, seqs, logits)
+            self._touched = max(self._touched, 1 + max(seqs))
         self.decode()
         return sum(1 for row in rows if row[3])
 
@@ -414,6 +421,7 @@ class Context:
             raise DecodeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._touched = max(self._touched, dst + 1)
         ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def pos_max(self, seq: int = 0) -> int:
@@ -424,6 +432,7 @@ class Context:
 
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
+        self._touched = 1
         self.tokens.clear()
 
 

@@ -62,14 +62,20 @@ class AcceptanceModel:
         self.weight, self.decay = weight, decay
         self._counts: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (source, bucket) -> (accepted, seen)
         self._overall: Dict[str, Tuple[float, float]] = {}
+        self._rates: Dict[Tuple[str, int], float] = {}  # rate() until the counts change
 
     def prior(self, source: str, bucket: int) -> float:
         return self.priors.get(source, {}).get(bucket, self.default.get(source, 0.1))
 
     def rate(self, source: str, bucket: int) -> float:
         """Estimated P(accepted | predecessors accepted) of a token of ``source`` in ``bucket``."""
-        acc, seen = self._counts.get((source, bucket), (0.0, 0.0))
-        return min(MAX_RATE, (acc + self.weight * self.prior(source, bucket)) / (seen + self.weight))
+        key = (source, bucket)
+        r = self._rates.get(key)
+        if r is None:
+            acc, seen = self._counts.get(key, (0.0, 0.0))
+            r = min(MAX_RATE, (acc + self.weight * self.prior(source, bucket)) / (seen + self.weight))
+            self._rates[key] = r
+        return r
 
     def rates(self, source: str) -> Dict[int, float]:
         """Every bucket of ``source`` with a prior or evidence, and its estimate."""
@@ -90,6 +96,7 @@ class AcceptanceModel:
         """Decay every count, then count each candidate token whose predecessors were emitted.
         Candidates of one source that share a prefix count once."""
         d = self.decay
+        self._rates.clear()
         self._counts = {k: (a * d, n * d) for k, (a, n) in self._counts.items()}
         self._overall = {k: (a * d, n * d) for k, (a, n) in self._overall.items()}
         emitted = outcome.emitted
@@ -112,5 +119,6 @@ class AcceptanceModel:
 
     def forget(self, factor: float = 0.5) -> None:
         """Weaken the evidence (a new, unrelated text): estimates move toward their priors."""
+        self._rates.clear()
         self._counts = {k: (a * factor, n * factor) for k, (a, n) in self._counts.items()}
         self._overall = {k: (a * factor, n * factor) for k, (a, n) in self._overall.items()}
