@@ -66,7 +66,7 @@ class Row:
     decode_tps_median: float
     decode_tps_min: float
     decode_tps_max: float
-    speedup: float  # median decode t/s over plain's on the same prompt, same run
+    speedup: float  # median over repetitions of decode t/s over plain's (same prompt, same repetition)
     bound_share: float  # speedup over the prompt's copy-oracle bound
     accept: float  # percent of verified candidate tokens accepted
     tokens_per_call: float

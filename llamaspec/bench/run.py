@@ -4,7 +4,8 @@ Every strategy runs with the same models and settings. Each one is loaded once a
 once; then, repetition after repetition, every prompt runs through every strategy in turn
 (interleaved, so drift of a shared machine hits all of them alike), each run from an empty KV
 cache so that it evaluates the whole prompt. A row reports one strategy on one prompt, its
-speed-up over plain in the same run, and that speed-up as a share of the prompt's copy-oracle
+speed-up over plain (the median over repetitions of its t/s over plain's in the same
+repetition: a shared machine's speed drifts by 10% over tens of seconds), and that speed-up as a share of the prompt's copy-oracle
 bound (``replay.copy_oracle`` on plain's answer with the target's measured cost curve).
 
 Peak memory (``peak_rss_mb``) is the peak resident set size of the whole process during the
@@ -113,8 +114,9 @@ def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Op
         diffs = [first_difference(r.tokens, plain_tokens) for r, _ in runs]
         first = min((d for d in diffs if d is not None), default=None)
         output = "same" if first is None else f"differs from token {first}"
-    base = plain.decode_tps_median if plain else median
-    speedup = median / base if base else 0.0
+    # paired: each repetition against plain's run of the same prompt in the same repetition, which
+    # ran seconds apart, so a machine whose speed drifts between repetitions slows both alike
+    speedup = statistics.median(t / b for t, b in zip(tps, plain.decode_tps)) if plain else 1.0
     return Row(prompt, strategy, tps, median, min(tps), max(tps), speedup, speedup / bound if bound else 0.0,
                100.0 * n_accept / n_drafted if n_drafted else 0.0, n_predict / n_calls if n_calls else 0.0,
                statistics.median(s.prompt_tps for s in stats), n_predict, n_drafted, n_accept, n_calls, sources,
