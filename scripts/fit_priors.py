@@ -1,10 +1,12 @@
 """Choose the acceptance model's priors by replaying the target's real answers, and show what
 the planner would reach on them against the copy-oracle bound.
 
-    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE] [--curve measured|reference|flat]
+    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE ...] [--curve measured|reference|flat]
 
 1. The target's greedy answers to the bench suite's prompts (plain decoding, -n tokens) are
    generated once and kept in --answers (JSON: prompt tokens and answer tokens per prompt).
+   ``tests/data/more_answers.json`` holds the answers to fourteen more prompts (edits of code,
+   conversions, extraction, summaries with quotes, open questions): pass both to pool them.
 2. Every candidate token each source offers while replaying them is counted per evidence bucket
    (verified or not: the answer shows whether the target would have accepted it). The rates,
    over all prompts, are the suggested priors (acceptance_model.PRIORS).
@@ -67,10 +69,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", default=models.default_pair()[0])
     parser.add_argument("-n", type=int, default=256)
-    parser.add_argument("--answers", type=Path, default=Path("tests/data/answers.json"))
+    parser.add_argument("--answers", type=Path, action="append",
+                        help="recorded answers (JSON); repeat to pool several [default: tests/data/answers.json, "
+                             "recorded if missing]")
     parser.add_argument("--curve", choices=["measured", "reference", "flat"], default="reference")
     args = parser.parse_args()
-    answers = record(args.model, args.n, args.answers)
+    answers = {}
+    for path in args.answers or [Path("tests/data/answers.json")]:
+        answers.update(record(args.model, args.n, path))
     piece = Model(models.resolve_model(args.model), vocab_only=True).piece  # lookup compares text
     if args.curve == "measured":
         curve = cached_curve(models.resolve_model(args.model), default_threads(), models.cache_dir() / "costs.json")
