@@ -30,3 +30,13 @@ def test_flat_curves_are_not_refined():
     m = CostModel(CostCurve.flat())
     m.observe("target", 8, 1.0)
     assert m.verify(8) == 1.0
+
+
+def test_verify_costs_follow_the_observations_every_refresh():
+    m = CostModel(REFERENCE_CPU)
+    before = m.verify(16)
+    for i in range(CostModel.REFRESH // 2):
+        assert m.verify(16) == before  # recomputed only every REFRESH decodes of the target
+        m.observe("target", 1, 0.030)
+        m.observe("target", 16, 0.090)  # 16 rows at 3x one token's 30 ms
+    assert m.verify(16) < before
