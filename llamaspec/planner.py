@@ -216,13 +216,7 @@ class Planner:
         adds at most the m best single chain values (calibrated, at most 1 each: merging shares
         nodes and siblings exclude each other, which only lowers them) for m rows."""
         lam, factor = self.rate, self.calibration
-        values = []
-        for r in rates:
-            p = 1.0
-            for a in r:
-                p *= a
-                values.append(min(1.0, factor * p))
-        values.sort(reverse=True)
+        values = sorted((min(1.0, factor * p) for chain in _chains(rates) for p in chain), reverse=True)
         plain = 1.0 - lam * self._added(limits, 1)
         ride_rows, ride_value = (len(rider.rows), rider.value) if rider is not None else (0, 0.0)
         if ride_rows and 1.0 + ride_value - lam * self._added(limits, 1 + ride_rows) > plain:
@@ -309,13 +303,7 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
     trie = Trie.build(-1, [candidates[c] for c in merged], [len(candidates[c].tokens) for c in merged])
     parent, depth = list(trie.parent), list(trie.depth)
     support = [[(merged[i], pos) for i, pos in s] for s in trie.support]
-    chains = []
-    for r in rates:
-        chain, p = [], 1.0
-        for a in r:
-            p *= a
-            chain.append(p)
-        chains.append(chain)
+    chains = _chains(rates)
     best = [max((chains[c][pos] for c, pos in _unshadowed(s, candidates)), default=1.0) for s in support]
     for c, cand in enumerate(candidates):
         if cand.q is None:
@@ -339,6 +327,18 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
     for v in range(1, len(parent)):  # parents first
         prob[v] = prob[parent[v]] * accept[v]
     return parent, prob, depth, support
+
+
+def _chains(rates: Sequence[Sequence[float]]) -> List[List[float]]:
+    """Each candidate's chain: P_c(i) = rates[c][0] * .. * rates[c][i]."""
+    chains = []
+    for r in rates:
+        chain, p = [], 1.0
+        for a in r:
+            p *= a
+            chain.append(p)
+        chains.append(chain)
+    return chains
 
 
 def _unshadowed(support: Sequence[Tuple[int, int]], candidates: Sequence[Candidate]) -> Sequence[Tuple[int, int]]:

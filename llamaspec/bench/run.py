@@ -5,8 +5,9 @@ once; then, repetition after repetition, every prompt runs through every strateg
 (interleaved, so drift of a shared machine hits all of them alike), each run from an empty KV
 cache so that it evaluates the whole prompt. A row reports one strategy on one prompt, its
 speed-up over plain (the median over repetitions of its t/s over plain's in the same
-repetition: a shared machine's speed drifts by 10% over tens of seconds), and that speed-up as a share of the prompt's copy-oracle
-bound (``replay.copy_oracle`` on plain's answer with the target's measured cost curve).
+repetition: a shared machine's speed drifts by 10% over tens of seconds), and that speed-up as
+a share of the prompt's copy-oracle bound (``replay.copy_oracle`` on plain's answer with the
+target's measured cost curve).
 
 Peak memory (``peak_rss_mb``) is the peak resident set size of the whole process during the
 row's runs (``memory.py``). Every strategy stays loaded, sharing the model files' weights, so it
