@@ -15,6 +15,7 @@ from llamaspec import ModelConfig, SpecConfig, costs
 from llamaspec.api import LlamaSpec
 from llamaspec.bench import load_suite
 from llamaspec.bench.report import BenchReport, Row, check_shape, shape_of, validate
+from llamaspec.bench.run import rotated
 from llamaspec.errors import ConfigError
 
 
@@ -46,6 +47,16 @@ def _row(**changes):
            "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same"}
     row.update(changes)
     return row
+
+
+def test_every_strategy_runs_once_in_every_place_of_the_order():
+    names = ["plain", "lookup", "lookahead", "auto"]
+    orders = [rotated(names, i) for i in range(len(names))]
+    assert orders[0] == names
+    for order in orders:
+        assert sorted(order) == sorted(names)
+    for place in range(len(names)):
+        assert sorted(order[place] for order in orders) == sorted(names)
 
 
 def test_validate_report_names_what_is_wrong():

@@ -2,8 +2,9 @@
 
 Every strategy runs with the same models and settings. Each one is loaded once and warmed up
 once; then, repetition after repetition, every prompt runs through every strategy in turn
-(interleaved, so drift of a shared machine hits all of them alike), each run from an empty KV
-cache so that it evaluates the whole prompt. A row reports one strategy on one prompt, its
+(interleaved, so drift of a shared machine hits all of them alike; the order rotates by one
+each repetition, so that no strategy always runs longest after plain), each run from an empty
+KV cache so that it evaluates the whole prompt. A row reports one strategy on one prompt, its
 speed-up over plain (the median over repetitions of its t/s over plain's in the same
 repetition: a shared machine's speed drifts by 10% over tens of seconds), and that speed-up as
 a share of the prompt's copy-oracle bound (``replay.copy_oracle`` on plain's answer with the
@@ -74,7 +75,8 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
         runs: Dict[Tuple[str, str], List[Tuple[Result, float]]] = {}
         for i in range(settings.repeat):
             for prompt, tokens in zip(prompts, inputs):
-                for name, spec in specs.items():
+                for name in rotated(names, i):
+                    spec = specs[name]
                     bar.set_postfix_str(f"{prompt.name} {name}")
                     spec.reset()  # every run evaluates the whole prompt
                     reset_peak_rss()
@@ -100,6 +102,13 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
         report.rows += [_row(prompt.name, name, runs[(prompt.name, name)], base, plain_tokens, greedy, info.copy_bound)
                         for name in names[1:]]
     return report
+
+
+def rotated(names: Sequence[str], i: int) -> List[str]:
+    """The order of repetition ``i``: ``names`` rotated by i, so that over len(names) repetitions
+    every strategy runs once in every place."""
+    k = i % len(names) if names else 0
+    return [*names[k:], *names[:k]]
 
 
 def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Optional[Row],
