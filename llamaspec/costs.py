@@ -49,11 +49,20 @@ class CostCurve:
         return CostCurve([1.0] * n_max, 0.0, 0, "ideal")
 
 
-# The reference machine's curve (2 cores, Qwen2.5-Coder-1.5B Q4_K_M, measured idle with
-# `llamaspec profile`), for replays and tests that must not depend on the machine they run on.
-REFERENCE_CPU = CostCurve([round(float(c), 3) for c in np.interp(
-    np.arange(1, 33), [1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
-    [1.00, 1.51, 2.05, 2.47, 3.65, 5.71, 7.02, 6.74, 10.26, 11.53])], 30.0, 2, "cpu")
+def _cpu_curve(costs: Sequence[float], ms_per_token: float) -> CostCurve:
+    """A curve measured at n = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, interpolated."""
+    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    return CostCurve([round(float(c), 3) for c in np.interp(np.arange(1, 33), sizes, costs)], ms_per_token, 2, "cpu")
+
+
+# Curves of Qwen2.5-Coder-1.5B Q4_K_M on 2-core machines (`llamaspec profile`, idle), for replays
+# and tests that must not depend on the machine they run on: the reference machine's, a steeper
+# one (an AMD EPYC VM: one drafted token must be accepted 78% of the time to pay) and a flatter
+# one (a Xeon VM, llama.cpp built without AMX: 16 rows cost 3.8 single-token decodes).
+REFERENCE_CPU = _cpu_curve([1.00, 1.51, 2.05, 2.47, 3.65, 5.71, 7.02, 6.74, 10.26, 11.53], 30.0)
+STEEP_CPU = _cpu_curve([1.0, 1.775, 2.456, 3.046, 4.421, 6.787, 8.493, 8.275, 12.389, 14.071], 33.0)
+FLATTER_CPU = _cpu_curve([1.0, 1.492, 1.813, 1.733, 2.62, 3.178, 3.876, 3.803, 5.828, 6.32], 61.0)
+CPU_CURVES = {"reference": REFERENCE_CPU, "steep": STEEP_CPU, "flatter": FLATTER_CPU}
 
 
 class CostModel:

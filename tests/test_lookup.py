@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
 from llamaspec.candidates import Budget, length_bucket
-from llamaspec.lookup import FRESH, IN_STEP, OUT_OF_STEP, RESUMED, LookupSource, PromptLookup, TokenIndex
+from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, RESUMED, SUPPORT, LookupSource,
+                              PromptLookup, TokenIndex)
 from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
 
 GREEDY = SamplingConfig(temperature=0)
@@ -27,8 +28,25 @@ def test_finds_the_continuations_of_the_longest_match_first():
     lookup.follow([5, 6, 7, 8, 9, 1, 6, 7])
     found = lookup.find(3, 4)
     assert found[0][0] == [8, 9, 1]
-    assert found[0][1][0] == length_bucket(2)  # "6 7" agrees: two tokens
+    assert found[0][1][0] == MATCH + SUPPORT * 1 + length_bucket(2)  # "6 7" agrees: two tokens, one occurrence
     assert PromptLookup(2, 4).find(5, 4) == []
+
+
+def test_a_match_is_rated_by_how_the_other_occurrences_go_on():
+    """After "5" (each occurrence after a different token, so all agree on one token): support
+    counts the occurrences that went on like the candidate so far, and says CONTESTED from the
+    first token where one of them went on differently."""
+    contested, two, three = (MATCH + SUPPORT * s for s in (CONTESTED, 2, 3))
+
+    def evidence(text, cont):
+        lookup = PromptLookup(1, 1)
+        lookup.follow(text)
+        return dict((tuple(c), e) for c, e in lookup.find(4, 4))[cont]
+
+    runs = [10, 5, 6, 7, 8, 11, 5, 6, 7, 8, 12, 5, 6, 7, 9, 13]
+    assert evidence(runs + [5, 4, 14, 5], (6, 7, 8, 12)) == (contested + 1, contested + 2, contested + 3, contested + 4)
+    assert evidence(runs + [5], (6, 7, 8, 12)) == (three + 1, three + 2, contested + 3, contested + 4)
+    assert evidence(runs[:11] + [5], (6, 7, 8, 12)) == (two + 1, two + 2, two + 3, contested + 4)
 
 
 def test_occurrences_that_disagree_are_separate_candidates_best_context_first():
@@ -80,18 +98,18 @@ def test_edit_classes_learn_where_the_text_departs_from_its_source():
 
 def test_a_fresh_copy_ends_where_the_text_always_departed_from_the_source():
     """A summary quotes sentences of its source, each up to its period (5), and then starts a
-    new line (77) where the source goes on: once the text has departed at 5 twice and never
-    copied it, a fresh copy (just realigned) rates 5 as the edited token it is, not as the
-    rest of a fresh copy."""
+    new line (77) where the source goes on: once the text has departed at 5 and never copied
+    it, a fresh copy (just realigned) rates 5 as the edited token it is, not as the rest of a
+    fresh copy. (A JSON record written from "key: value" lines departs at every ':' alike.)"""
     source = [1, 2, 3, 4, 5, 10, 11, 12, 13, 5, 20, 21, 22, 5, 30, 31, 32, 5]
     lookup = PromptLookup(1, 4, references=[source])
-    text = [0, 1, 2, 3, 4, 77, 10, 11, 12, 13, 77, 20, 21]  # two sentences quoted, the third begun
+    text = [0, 1, 2, 3, 4, 77, 10, 11, 12]  # one sentence quoted, the second begun
     for i in range(2, len(text) + 1):
         lookup.follow(text[:i])
         lookup.find(8, 4)
-    assert lookup.edits[5] == (0, 2)
+    assert lookup.edits[5] == (0, 1)
     cont, evidence = lookup.find(8, 4)[0]
-    assert cont[:2] == [22, 5]
+    assert cont[:2] == [13, 5]
     assert FRESH <= evidence[0] < OUT_OF_STEP  # the copy is fresh ...
     assert evidence[1] == IN_STEP + 30  # ... but 5 was always edited
 
