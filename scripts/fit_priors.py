@@ -1,29 +1,39 @@
 """Choose the acceptance model's priors by replaying the target's real answers, and show what
 the planner would reach on them against the copy-oracle bound.
 
-    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE ...] [--curve measured|reference|flat]
+    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE ...]
+        [--curve measured|reference|steep|flatter|flat] [--jitter K]
 
 1. The target's greedy answers to the bench suite's prompts (plain decoding, -n tokens) are
    generated once and kept in --answers (JSON: prompt tokens and answer tokens per prompt).
    ``tests/data/more_answers.json`` holds the answers to fourteen more prompts (edits of code,
    conversions, extraction, summaries with quotes, open questions): pass both to pool them.
+   ``tests/data/held_out_answers.json`` holds sixteen more that no prior was fitted on: check a
+   change on them too.
 2. Every candidate token each source offers while replaying them is counted per evidence bucket
    (verified or not: the answer shows whether the target would have accepted it). The rates,
    over all prompts, are the suggested priors (acceptance_model.PRIORS).
 3. The answers are replayed with the current priors through lookup, lookahead and both (auto
    without a draft model), and the predicted speed-up over plain is printed beside the copy
-   oracle's, with the chosen cost curve (the measured one of this machine, the reference
-   machine's, or a GPU-like flat one). "perfect" replays both with acceptance estimates that
-   know the answer: the share of the bound that better estimates alone could reach.
+   oracle's, with the chosen cost curve (the measured one of this machine, one of three 2-core
+   CPUs', or a GPU-like flat one). "perfect" replays both with acceptance estimates that know
+   the answer: the share of the bound that better estimates alone could reach.
+4. One replay is a chaotic thing: a cost a few percent off flips a decision, the acceptance
+   model learns from other outcomes, and one answer's speed-up moves by 5-10%. To tell a change
+   that helps from chance, ``--jitter 8`` averages every replay over the curve and seven copies
+   with each cost moved by 6% at random, and the last row averages over the prompts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
@@ -31,7 +41,7 @@ import llamaspec  # noqa: E402
 from llamaspec import LookaheadConfig, models  # noqa: E402
 from llamaspec.acceptance_model import AcceptanceModel  # noqa: E402
 from llamaspec.bench.suite import greedy_answers  # noqa: E402
-from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel, cached_curve  # noqa: E402
+from llamaspec.costs import CPU_CURVES, CostCurve, CostModel, cached_curve  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 from llamaspec.lookahead import LookaheadSource  # noqa: E402
 from llamaspec._llama import Model  # noqa: E402
@@ -39,6 +49,9 @@ from llamaspec.lookup import LookupSource  # noqa: E402
 from llamaspec.planner import Planner  # noqa: E402
 from llamaspec.replay import copy_oracle, replay  # noqa: E402
 from llamaspec.speculator import Speculator  # noqa: E402
+
+# How far --jitter moves each cost of a copy of the curve (a standard deviation, relative).
+JITTER = 0.06
 
 
 def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
@@ -65,6 +78,19 @@ def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, piece
     return Speculator(sources, model, Planner(CostModel(curve)))
 
 
+def jittered(curve: CostCurve, k: int, sd: float = JITTER) -> List[CostCurve]:
+    """``curve`` and k - 1 copies whose cost of every n > 1 is multiplied by 1 + sd * N(0, 1)
+    (seeded: the same copies every run)."""
+    rng = np.random.default_rng(1)
+    copies = [CostCurve([1.0] + [c * (1 + sd * float(rng.standard_normal())) for c in curve.relative[1:]],
+                        curve.ms_per_token, curve.threads, curve.backend) for _ in range(k - 1)]
+    return [curve, *copies]
+
+
+def geomean(xs: List[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--model", default=models.default_pair()[0])
@@ -72,8 +98,13 @@ def main() -> int:
     parser.add_argument("--answers", type=Path, action="append",
                         help="recorded answers (JSON); repeat to pool several [default: tests/data/answers.json, "
                              "recorded if missing]")
-    parser.add_argument("--curve", choices=["measured", "reference", "flat"], default="reference")
+    parser.add_argument("--curve", choices=["measured", *CPU_CURVES, "flat"], default="reference")
+    parser.add_argument("--jitter", type=int, default=1, metavar="K",
+                        help=f"average every replay over the curve and K - 1 copies with each cost moved by "
+                             f"{JITTER:.0%} at random [default: 1, the curve alone]")
     args = parser.parse_args()
+    if args.jitter < 1:
+        parser.error("--jitter must be at least 1")
     answers = {}
     for path in args.answers or [Path("tests/data/answers.json")]:
         answers.update(record(args.model, args.n, path))
@@ -83,7 +114,7 @@ def main() -> int:
         if curve is None:
             raise SystemExit("no measured curve: run `llamaspec profile` first")
     else:
-        curve = REFERENCE_CPU if args.curve == "reference" else CostCurve.flat()
+        curve = CPU_CURVES[args.curve] if args.curve in CPU_CURVES else CostCurve.flat()
 
     counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
     for item in answers.values():
@@ -92,18 +123,32 @@ def main() -> int:
     for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
         print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
 
-    print(f"\npredicted speed-up over plain with the {args.curve} curve, current priors:")
+    curves = jittered(curve, args.jitter)
+    print(f"\npredicted speed-up over plain with the {args.curve} curve"
+          + (f" (geometric mean over it and {args.jitter - 1} jittered copies)" if args.jitter > 1 else "")
+          + ", current priors:")
     print(f"  {'prompt':18} {'lookup':>8} {'lookahead':>10} {'both':>8} {'perfect':>8} {'oracle':>8} "
           f"{'both/oracle':>12} {'perfect/oracle':>15}")
     both = ["lookup", "lookahead"]
+    rows = []
     for name, item in answers.items():
-        row = [replay(item["prompt"], item["answer"], speculator(s, curve, AcceptanceModel(), piece)).speedup
-               for s in (["lookup"], ["lookahead"], both)]
-        perfect = replay(item["prompt"], item["answer"], speculator(both, curve, AcceptanceModel(), piece), perfect=True).speedup
-        bound = copy_oracle(item["prompt"], item["answer"], curve.cost)
-        print(f"  {name:18} {row[0]:7.2f}x {row[1]:9.2f}x {row[2]:7.2f}x {perfect:7.2f}x {bound:7.2f}x "
-              f"{100 * row[2] / bound:11.0f}% {100 * perfect / bound:14.0f}%")
+        def speedup(names: List[str], c: CostCurve, perfect: bool = False) -> float:
+            spec = speculator(names, c, AcceptanceModel(), piece)
+            return replay(item["prompt"], item["answer"], spec, perfect=perfect).speedup
+
+        row = [geomean([speedup(names, c) for c in curves]) for names in (["lookup"], ["lookahead"], both)]
+        row.append(geomean([speedup(both, c, perfect=True) for c in curves]))
+        row.append(geomean([copy_oracle(item["prompt"], item["answer"], c.cost) for c in curves]))
+        rows.append(row)
+        print_row(name, row)
+    print_row("geometric mean", [geomean(list(column)) for column in zip(*rows)])
     return 0
+
+
+def print_row(name: str, row: List[float]) -> None:
+    lookup, lookahead, both, perfect, bound = row
+    print(f"  {name:18} {lookup:7.2f}x {lookahead:9.2f}x {both:7.2f}x {perfect:7.2f}x {bound:7.2f}x "
+          f"{100 * both / bound:11.0f}% {100 * perfect / bound:14.0f}%")
 
 
 if __name__ == "__main__":
