@@ -596,10 +596,12 @@ def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers
     path = models.resolve_model(config.path, cache_dir)
     cache_file = models.cache_dir(cache_dir) / "costs.json"
     curve = costs.profile(path, config.threads, config.n_ctx, config.n_gpu_layers, repeats, cache_file)
-    click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}, "
-               f"{costs.PREFIX} tokens in the KV cache, fastest of {repeats}")
-    cells = [("n", "ms per call", "relative cost", "tokens/s")]
+    deep = curve.deep_context if curve.deep is not None else 0
+    click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}, fastest of {repeats}, "
+               f"{curve.context} tokens in the KV cache" + (f" (and {deep}: the last two columns)" if deep else ""))
+    cells = [("n", "ms per call", "relative cost", "tokens/s") + (("ms", "relative") if deep else ())]
     cells += [(str(n), f"{curve.ms(n):.2f}", f"{curve.cost(n):.2f}", f"{1000 * n / curve.ms(n):.1f}")
+              + ((f"{curve.ms(n, deep):.2f}", f"{curve.cost(n, deep):.2f}") if deep else ())
               for n in range(1, len(curve.relative) + 1)]
     click.echo("\n".join(format_columns(cells)))
     click.echo(f"cached in {cache_file}: generation with threads {curve.threads} on {curve.backend} uses it", err=True)

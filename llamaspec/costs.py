@@ -2,7 +2,7 @@
 
 A verify batch needs logits for every row. On a GPU its cost barely grows with n; on a small
 CPU it grows a lot and not even monotonically (on the 2-core reference machine 16 tokens cost
-less than 12: REFERENCE_CPU).
+less than 12: REFERENCE_CPU), and more behind a longer text (see CostCurve).
 """
 
 from __future__ import annotations
@@ -22,26 +22,44 @@ from .json_table import read_table, write_table
 
 SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
 N_MAX = 32
+PREFIX = 256  # tokens in the cache while measuring: attention over a typical prompt costs too
+DEEP = 1024  # and again behind this many, for how costs grow with the text (fewer sizes)
+DEEP_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
 class CostCurve:
-    """``relative[n - 1]`` is the wall time of one decode of n tokens over that of one token."""
+    """``relative[n - 1]`` is the wall time of one decode of n tokens over that of one token, with
+    ``context`` tokens in the KV cache. ``deep`` is the same with ``deep_context`` tokens: every
+    row attends to every cached token, so behind a longer text a batch costs more, relative to a
+    single token too (Qwen2.5-Coder-1.5B on a 2-core Xeon: 16 rows cost 3.8 single-token decodes
+    behind 256 tokens, 4.3 behind 1024 and 4.8 behind 2048). Between the two and beyond, the
+    milliseconds of a decode of n rows follow the length of the text linearly."""
 
     relative: List[float]
     ms_per_token: float
     threads: int
     backend: str
+    context: int = PREFIX
+    deep: Optional[List[float]] = None
+    deep_ms_per_token: float = 0.0
+    deep_context: int = 0
 
-    def cost(self, n: int) -> float:
-        if n <= len(self.relative):
-            return self.relative[max(n, 1) - 1]
-        per_token = self.relative[-1] / len(self.relative)  # beyond the curve: proportional
-        return per_token * n
+    def cost(self, n: int, length: Optional[int] = None) -> float:
+        """One decode of n tokens over one of a single token, behind ``length`` cached tokens
+        (default: as measured)."""
+        if self.deep is None or length is None or self.ms_per_token <= 0:
+            return _at(self.relative, n)
+        return self.ms(n, length) / self.ms(1, length)
 
-    def ms(self, n: int) -> float:
-        """Milliseconds of one decode of n tokens."""
-        return self.cost(n) * self.ms_per_token
+    def ms(self, n: int, length: Optional[int] = None) -> float:
+        """Milliseconds of one decode of n tokens (behind ``length`` cached tokens)."""
+        shallow = _at(self.relative, n) * self.ms_per_token
+        if self.deep is None or length is None:
+            return shallow
+        deep = _at(self.deep, n) * self.deep_ms_per_token
+        w = (max(length, 0) - self.context) / (self.deep_context - self.context)
+        return max(shallow + w * (deep - shallow), shallow / 2)  # a noisy measurement never makes it free
 
     @staticmethod
     def flat(n_max: int = N_MAX) -> "CostCurve":
@@ -65,11 +83,20 @@ FLATTER_CPU = _cpu_curve([1.0, 1.492, 1.813, 1.733, 2.62, 3.178, 3.876, 3.803, 5
 CPU_CURVES = {"reference": REFERENCE_CPU, "steep": STEEP_CPU, "flatter": FLATTER_CPU}
 
 
+def _at(relative: Sequence[float], n: int) -> float:
+    if n <= len(relative):
+        return relative[max(n, 1) - 1]
+    return relative[-1] / len(relative) * n  # beyond the curve: proportional
+
+
 class CostModel:
     """What a step costs, in units of one single-token target decode: verifying n rows (the
     target's curve) and, with a draft model, drafting. Both start from measured curves and are
     refined online from the wall time of every decode, so a curve measured on a busy machine,
     or a machine that slows down, does not mislead the planner for ever.
+
+    Costs are those of decodes behind the text's current length (``at``), which a verify batch
+    attends to (see CostCurve).
 
     Refinement: each decode of n rows gives a ratio r = measured / curve.ms(n). A size's own
     ratios and all sizes' ratios are averaged with weights that decay by DECAY per decode; a
@@ -82,6 +109,7 @@ class CostModel:
     DECAY = 0.97
     PULL = 0.25
     REFRESH = 8
+    LENGTH_STEP = 64  # costs are recomputed when the text's length moves into another step of this
 
     def __init__(self, target: CostCurve, draft: Optional[CostCurve] = None) -> None:
         self.curves = {"target": target, "draft": draft}
@@ -89,10 +117,18 @@ class CostModel:
         self._all: Dict[str, Tuple[float, float]] = {}
         self._verify: Dict[int, float] = {}  # verify(n), recomputed every REFRESH observations
         self._observed = 0
+        self._length: Optional[int] = None  # the text's length, in LENGTH_STEPs; None: as measured
 
     @property
     def has_draft(self) -> bool:
         return self.curves["draft"] is not None
+
+    def at(self, length: int) -> None:
+        """The text holds ``length`` tokens: costs are those of decodes behind it."""
+        step = length // self.LENGTH_STEP * self.LENGTH_STEP
+        if step != self._length:
+            self._length = step
+            self._verify.clear()
 
     def ms(self, kind: str, n: int) -> float:
         """Estimated milliseconds of one decode of n rows of the target or the draft."""
@@ -103,7 +139,8 @@ class CostModel:
         drift = s_all / w_all if w_all else 1.0
         s, w = self._size.get((kind, n), (0.0, 0.0))
         ratio = (s + self.PULL * drift) / (w + self.PULL)
-        return curve.ms(n) * ratio if curve.ms_per_token > 0 else curve.cost(n) * ratio
+        length = self._length
+        return curve.ms(n, length) * ratio if curve.ms_per_token > 0 else curve.cost(n, length) * ratio
 
     def verify(self, n: int) -> float:
         """Cost of one target decode of n rows, relative to one row."""
@@ -133,7 +170,7 @@ class CostModel:
         curve = self.curves[kind]
         if curve is None or curve.ms_per_token <= 0 or seconds <= 0:
             return
-        r = 1000 * seconds / curve.ms(n)
+        r = 1000 * seconds / curve.ms(n, self._length)
         if kind == "target":
             self._observed += 1
             if self._observed % self.REFRESH == 0:
@@ -147,38 +184,56 @@ class CostModel:
             self._size[key] = (s * d, w * d)
 
 
-PREFIX = 256  # tokens in the cache while measuring: attention over a typical prompt costs too
-
-
-def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2, progress: str = "") -> CostCurve:
-    """Time decodes of n tokens (logits for every row) after PREFIX tokens past what the
-    context holds, then roll all of it back; interpolate between the sizes measured.
-    ``progress``: the description of a progress bar on stderr (none when empty)."""
-    filler = [max(ctx.model.bos, 0)] * min(PREFIX, max(ctx.n_ctx - len(ctx.tokens) - max(sizes) - 1, 1))
+def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2, progress: str = "",
+            deep_sizes: Sequence[int] = DEEP_SIZES) -> CostCurve:
+    """Time decodes of n tokens (logits for every row) behind PREFIX tokens past what the context
+    holds, then of ``deep_sizes`` behind DEEP tokens (when the context has room), then roll all
+    of it back; interpolate between the sizes measured. ``progress``: the description of a
+    progress bar on stderr (none when empty)."""
     base = len(ctx.tokens)
-    best: Dict[int, float] = {}
-    bar = tqdm(total=repeats * len(sizes), desc=progress, unit="decode", file=sys.stderr, disable=not progress,
-               leave=False)
+    room = ctx.n_ctx - base - N_MAX - 1
+    filler = [max(ctx.model.bos, 0)] * max(min(DEEP, room), 1)
+    shallow = min(PREFIX, len(filler))
+    deep = len(filler) if len(filler) >= 2 * shallow and deep_sizes else 0
+    bar = tqdm(total=repeats * (len(sizes) + (len(deep_sizes) if deep else 0)), desc=progress, unit="decode",
+               file=sys.stderr, disable=not progress, leave=False)
     try:
-        ctx.eval(filler)
-        for _ in range(repeats):
-            for n in sizes:
-                t0 = time.perf_counter()
-                ctx.eval(filler[:1] * n, logits="all")
-                dt = time.perf_counter() - t0
-                ctx.truncate(base + len(filler))
-                best[n] = min(dt, best.get(n, dt))
-                bar.update()
+        near = _time(ctx, filler[:shallow], sizes, repeats, bar)
+        far = _time(ctx, filler[shallow:deep], deep_sizes, repeats, bar) if deep else None
     finally:
         bar.close()
         ctx.truncate(base)
+    curve = CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend_name(ctx.model), base + shallow)
+    if far is not None:
+        curve.deep, curve.deep_ms_per_token, curve.deep_context = _relative(far), 1000 * far[1], base + deep
+    return curve
+
+
+def _time(ctx: Context, filler: Sequence[int], sizes: Sequence[int], repeats: int, bar: tqdm) -> Dict[int, float]:
+    """Append ``filler`` to the cache, then the fastest of ``repeats`` decodes of n tokens behind
+    it, for each n in ``sizes`` (seconds); each decode is rolled back."""
+    ctx.eval(filler)
+    end = len(ctx.tokens)
+    best: Dict[int, float] = {}
+    for _ in range(repeats):
+        for n in sizes:
+            t0 = time.perf_counter()
+            ctx.eval([filler[0]] * n, logits="all")
+            dt = time.perf_counter() - t0
+            ctx.truncate(end)
+            best[n] = min(dt, best.get(n, dt))
+            bar.update()
+    return best
+
+
+def _relative(best: Dict[int, float]) -> List[float]:
+    """Times of the sizes measured over that of one token, interpolated for n = 1..N_MAX."""
     xs = sorted(best)
-    curve = np.interp(np.arange(1, N_MAX + 1), xs, [best[n] / best[1] for n in xs])
-    return CostCurve([round(float(c), 3) for c in curve], 1000 * best[1], ctx.threads, backend_name(ctx.model))
+    return [round(float(c), 3) for c in np.interp(np.arange(1, N_MAX + 1), xs, [best[n] / best[1] for n in xs])]
 
 
 def _key(path: Path, threads: int, backend: str) -> str:
-    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}"
+    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}-{DEEP}"
 
 
 def cached_curve(model_path: Path, threads: int, cache_file: Path, backend: str = "cpu") -> Optional[CostCurve]:
@@ -216,7 +271,7 @@ def profile(model_path: Path, threads: int, n_ctx: int = 4096, n_gpu_layers: int
     model = Model(model_path, n_gpu_layers)
     ctx = Context(model, n_ctx, threads)
     try:
-        curve = measure(ctx, range(1, N_MAX + 1), repeats)
+        curve = measure(ctx, range(1, N_MAX + 1), repeats, deep_sizes=range(1, N_MAX + 1))
         if cache_file is not None:
             save(curve, ctx, cache_file)
     finally:

@@ -102,10 +102,10 @@ def _knows(answer: Sequence[int], pos: int) -> Callable[[Candidate], List[float]
     return estimate
 
 
-def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int], float]) -> float:
+def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int, int], float]) -> float:
     """The best speed-up over plain decoding that verifying copied runs can give on ``answer``:
     each step may verify the next m answer tokens when they occur, in a row, in the prompt or
-    the answer so far, at ``cost(1 + m)``, and emits them plus one more token."""
+    the answer so far, at ``cost(1 + m, length of the text)``, and emits them plus one more token."""
     hay = [*prompt, *answer]
     n_prompt, n = len(prompt), len(answer)
     where: DefaultDict[int, List[int]] = defaultdict(list)
@@ -125,5 +125,5 @@ def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[in
         longest[i] = best
     total = [0.0] * (n + 1)  # cost of emitting answer[i:] with answer[:i] emitted
     for i in range(n - 1, 0, -1):
-        total[i] = min(cost(1 + m) + total[min(i + m + 1, n)] for m in range(min(longest[i], n - i) + 1))
+        total[i] = min(cost(1 + m, n_prompt + i) + total[min(i + m + 1, n)] for m in range(min(longest[i], n - i) + 1))
     return (n - 1) / total[1] if n > 1 else 1.0

@@ -60,6 +60,7 @@ class Speculator:
              estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
         """What to verify after ``tokens``. ``estimate``: each candidate token's acceptance, in
         place of the acceptance model's (the replay's perfect estimates)."""
+        self.costs.at(len(tokens))
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None

@@ -143,15 +143,20 @@ def test_profile_measures_every_n_and_generation_reuses_it(smol, tmp_path, monke
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert f"threads {THREADS}, backend cpu" in lines[0]
-    assert lines[1].split() == ["n", "ms", "per", "call", "relative", "cost", "tokens/s"]
+    assert f"{costs.PREFIX} tokens in the KV cache (and {costs.DEEP}: the last two columns)" in lines[0]
+    assert lines[1].split() == ["n", "ms", "per", "call", "relative", "cost", "tokens/s", "ms", "relative"]
     table = [[float(x) for x in line.split()] for line in lines[2:]]
     assert [int(row[0]) for row in table] == list(range(1, costs.N_MAX + 1))
-    assert all(ms > 0 and rel > 0 and tps > 0 for _, ms, rel, tps in table) and table[0][2] == 1.0
+    assert all(ms > 0 and rel > 0 and tps > 0 and deep_ms > 0 and deep_rel > 0
+               for _, ms, rel, tps, deep_ms, deep_rel in table) and table[0][2] == table[0][5] == 1.0
 
     cache_file = tmp_path / "costs.json"
     curve = costs.cached_curve(Path(smol), THREADS, cache_file)
     assert curve is not None and len(curve.relative) == costs.N_MAX and curve.threads == THREADS
     assert [round(curve.cost(n), 2) for n in range(1, costs.N_MAX + 1)] == [row[2] for row in table]
+    # measured behind two lengths of text, every n at both
+    assert (curve.context, curve.deep_context) == (costs.PREFIX, costs.DEEP) and len(curve.deep) == costs.N_MAX
+    assert [round(curve.cost(n, costs.DEEP), 2) for n in range(1, costs.N_MAX + 1)] == [row[5] for row in table]
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("the cached curve should have been used")

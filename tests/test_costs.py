@@ -40,3 +40,27 @@ def test_verify_costs_follow_the_observations_every_refresh():
         m.observe("target", 1, 0.030)
         m.observe("target", 16, 0.090)  # 16 rows at 3x one token's 30 ms
     assert m.verify(16) < before
+
+
+def test_costs_follow_the_length_of_the_text():
+    """Measured behind 256 and 1024 cached tokens (the numbers of a 2-core Xeon): a decode's
+    milliseconds follow the length linearly, between the two and beyond, so a batch of 16 costs
+    more single-token decodes behind a long text."""
+    curve = CostCurve([1.0] * 15 + [3.8] * 17, 60.0, 2, "cpu", 256, [1.0] * 15 + [4.3] * 17, 63.0, 1024)
+    assert curve.cost(16) == 3.8 and curve.cost(16, 256) == pytest.approx(3.8)
+    assert curve.cost(16, 1024) == pytest.approx(4.3)
+    assert curve.ms(16, 640) == pytest.approx((3.8 * 60 + 4.3 * 63) / 2)  # half way
+    assert curve.ms(1, 1792) == pytest.approx(66.0) and curve.ms(16, 1792) == pytest.approx(2 * 4.3 * 63 - 3.8 * 60)
+    m = CostModel(curve)
+    assert m.verify(16) == pytest.approx(3.8)  # no length given: as measured
+    m.at(1024)
+    assert m.verify(16) == pytest.approx(4.3)
+    m.at(1024 + CostModel.LENGTH_STEP - 1)
+    assert m.verify(16) == pytest.approx(4.3)  # recomputed only in another step of the length
+    m.at(2048)
+    assert m.verify(16) > 4.3
+    # the refinement measures against the cost at the current length: a 16-row decode that takes
+    # what the curve says there changes nothing
+    m.observe("target", 1, curve.ms(1, 2048) / 1000)
+    m.observe("target", 16, curve.ms(16, 2048) / 1000)
+    assert m.ms("target", 16) == pytest.approx(curve.ms(16, 2048))
