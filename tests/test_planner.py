@@ -174,3 +174,9 @@ def test_the_bound_never_changes_a_choice(seed):
         planner.learn(reached * 100, 100.0, estimated)  # a calibration away from 1 when estimated
         choices.append(planner.choose(cands, rates, rider, limits))
     assert choices[0] == choices[1]
+
+
+def test_no_more_rows_than_the_curve_measured_unless_a_source_is_verified_whole():
+    cands = [cand(range(1, 41)), cand(range(100, 120))]
+    assert sum(choose(GPU, cands, 0.99).lengths) == 31  # the pending token and 31: the curve's 32 rows
+    assert choose(GPU, cands, 0.99, fixed=frozenset({"lookup"})).lengths == (40, 20)
