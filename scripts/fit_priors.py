@@ -101,7 +101,7 @@ def main() -> int:
     parser.add_argument("--curve", choices=["measured", *CPU_CURVES, "flat"], default="reference")
     parser.add_argument("--jitter", type=int, default=1, metavar="K",
                         help=f"average every replay over the curve and K - 1 copies with each cost moved by "
-                             f"{JITTER:.0%} at random [default: 1, the curve alone]")
+                             f"{JITTER * 100:.0f}%% at random [default: 1, the curve alone]")
     args = parser.parse_args()
     if args.jitter < 1:
         parser.error("--jitter must be at least 1")
