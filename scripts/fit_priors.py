@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+from dataclasses import replace
 from pathlib import Path
+from statistics import geometric_mean as geomean
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -80,15 +81,12 @@ def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, piece
 
 def jittered(curve: CostCurve, k: int, sd: float = JITTER) -> List[CostCurve]:
     """``curve`` and k - 1 copies whose cost of every n > 1 is multiplied by 1 + sd * N(0, 1)
-    (seeded: the same copies every run)."""
+    (seeded: the same copies every run); a copy keeps the rest of the curve (its costs behind a
+    longer text, measured, as they are)."""
     rng = np.random.default_rng(1)
-    copies = [CostCurve([1.0] + [c * (1 + sd * float(rng.standard_normal())) for c in curve.relative[1:]],
-                        curve.ms_per_token, curve.threads, curve.backend) for _ in range(k - 1)]
+    copies = [replace(curve, relative=[1.0] + [c * (1 + sd * float(rng.standard_normal())) for c in curve.relative[1:]])
+              for _ in range(k - 1)]
     return [curve, *copies]
-
-
-def geomean(xs: List[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def main() -> int:
