@@ -107,7 +107,7 @@ class LlamaSpec:
         sources = self._text_sources()
         if self._draft_ctx is not None:
             sources.append(DraftModelSource(self._draft_ctx, self.draft_config))
-        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed))
+        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed), self.model.eog_tokens)
 
     def _text_sources(self) -> List[Source]:
         """Fresh instances of the sources that draft from text: lookup, the n-gram caches, lookahead."""

@@ -486,7 +486,7 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
         caches.validate_vocab(vocab.n_vocab)
         sources.append(CacheSource(caches, cfg.draft_max))
     costs_model = CostModel(curve)
-    stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(costs_model)))
+    stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(costs_model), vocab.eog_tokens))
     click.echo(f"n_predict    = {stats.n_tokens}")
     click.echo(f"n_drafted    = {stats.n_drafted}")
     click.echo(f"n_accept     = {stats.n_accept}")

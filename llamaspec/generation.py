@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterator, List, Optional, Protocol, Sequence, Union
+from typing import ContextManager, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class Chunk:
 
 class Vocabulary(Protocol):
     def is_eog(self, token: int) -> bool: ...
+
+    @property
+    def eog_tokens(self) -> FrozenSet[int]: ...
 
     def piece(self, token: int) -> bytes: ...
 

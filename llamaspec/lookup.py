@@ -122,8 +122,10 @@ class Anchor:
 # inserted, a word replaced: such copies go on); while the text is still being edited (out of
 # step), OUT_OF_STEP + min(i, 4). Edit classes of a source token, from how the text treated that
 # token id when copying it so far: 0 never copied yet, 1 always kept, 2 edited less than half
-# the time, 3 more often (edits repeat: a file gets the same change on every line).
-IN_STEP = 40
+# the time, 3 more often, 4 never kept and edited at least twice (edits repeat: a file gets the
+# same change on every line, a summary ends its line at every quoted sentence's end), 5 never
+# copied yet and the end of a sentence in the source (a quote often stops there).
+IN_STEP = 120
 FRESH = 80
 FRESH_UNTIL = 4
 OUT_OF_STEP = 90
@@ -299,14 +301,24 @@ class PromptLookup:
         where the source goes on, every time."""
         kept, edited = self.edits.get(token, (0, 0))
         if a.copied >= FRESH_UNTIL or (edited >= NEVER_KEPT and not kept):
-            return IN_STEP + 10 * self._edit_class(token) + (a.copied + i >= 16)
+            src = self._indexes()[a.index].tokens
+            return IN_STEP + 10 * self._edit_class(token, src, a.pos + i) + (a.copied + i >= 16)
         return (RESUMED if a.resumed else FRESH) + min(a.copied + i, 5)
 
-    def _edit_class(self, token: int) -> int:
+    def _edit_class(self, token: int, src: Sequence[int] = (), pos: int = -1) -> int:
+        """The edit class of ``token``, at ``src[pos]`` when given (see IN_STEP)."""
         kept, edited = self.edits.get(token, (0, 0))
         if kept + edited == 0:
-            return 0
+            return 5 if 0 <= pos < len(src) - 1 and self._ends_sentence(src[pos], src[pos + 1]) else 0
+        if not kept and edited >= 2:
+            return 4
         return 1 if edited == 0 else 2 if 2 * edited < kept + edited else 3
+
+    def _ends_sentence(self, token: int, following: int) -> bool:
+        """Whether ``token`` ends a sentence: ``.``, ``!`` or ``?`` (a quote or a bracket may
+        close after it), and the next token starts with a space or a line break (not ``self.x``)."""
+        text, after = self.piece(token), self.piece(following)
+        return text.rstrip(b"\"')")[-1:] in (b".", b"!", b"?") and after[:1] in (b" ", b"\n")
 
     def _agreement_at(self, a: Anchor) -> int:
         hist = self.history.tokens

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,12 +45,16 @@ class Plan:
 
 
 class Speculator:
-    """The sources, the acceptance model and the planner, for one text at a time."""
+    """The sources, the acceptance model and the planner, for one text at a time. ``ends``:
+    the tokens that end a generation; no candidate goes on past one (nothing after it is ever
+    emitted: a prompt's ``.<|im_end|>\\n<|im_start|>`` is a copy worth one token at most)."""
 
-    def __init__(self, sources: Sequence[Source], model: AcceptanceModel, planner: Planner) -> None:
+    def __init__(self, sources: Sequence[Source], model: AcceptanceModel, planner: Planner,
+                 ends: FrozenSet[int] = frozenset()) -> None:
         self.sources = list(sources)
         self.model = model
         self.planner = planner
+        self.ends = ends
 
     @property
     def costs(self) -> CostModel:
@@ -69,7 +73,7 @@ class Speculator:
             for source in self.sources:
                 if not source.expensive:
                     proposal = source.propose(tokens, budget, sampling, rng)
-                    candidates += proposal.candidates
+                    candidates += [_until_end(c, self.ends) for c in proposal.candidates]
                     rider = proposal.rider or rider
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
@@ -91,6 +95,7 @@ class Speculator:
                 self.costs.observe("draft", n, seconds)
             sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes))
             for cand in proposal.candidates:
+                cand = _until_end(cand, self.ends)
                 candidates.append(cand)
                 rates.append(rate_of(cand))
             choice = self.planner.choose(candidates, rates, rider, limits, sunk)
@@ -113,3 +118,12 @@ class Speculator:
 
     def contexts(self) -> list:
         return [ctx for source in self.sources for ctx in source.contexts()]
+
+
+def _until_end(cand: Candidate, ends: FrozenSet[int]) -> Candidate:
+    """``cand`` up to and with its first token in ``ends``."""
+    for i, token in enumerate(cand.tokens):
+        if token in ends:
+            return replace(cand, tokens=cand.tokens[:i + 1], evidence=cand.evidence[:i + 1],
+                           q=cand.q[:i + 1] if cand.q is not None else None)
+    return cand

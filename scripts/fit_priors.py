@@ -32,7 +32,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from statistics import geometric_mean as geomean
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import numpy as np
 
@@ -70,13 +70,13 @@ def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
     return answers
 
 
-def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, piece: Callable[[int], bytes]) -> Speculator:
+def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, vocab: Model) -> Speculator:
     sources: list = []
     if "lookup" in names:
-        sources.append(LookupSource(piece=piece))
+        sources.append(LookupSource(piece=vocab.piece))  # lookup compares text
     if "lookahead" in names:
         sources.append(LookaheadSource(LookaheadConfig()))
-    return Speculator(sources, model, Planner(CostModel(curve)))
+    return Speculator(sources, model, Planner(CostModel(curve)), vocab.eog_tokens)
 
 
 def jittered(curve: CostCurve, k: int, sd: float = JITTER) -> List[CostCurve]:
@@ -106,7 +106,7 @@ def main() -> int:
     answers = {}
     for path in args.answers or [Path("tests/data/answers.json")]:
         answers.update(record(args.model, args.n, path))
-    piece = Model(models.resolve_model(args.model), vocab_only=True).piece  # lookup compares text
+    vocab = Model(models.resolve_model(args.model), vocab_only=True)
     if args.curve == "measured":
         curve = cached_curve(models.resolve_model(args.model), default_threads(), models.cache_dir() / "costs.json")
         if curve is None:
@@ -116,7 +116,7 @@ def main() -> int:
 
     counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
     for item in answers.values():
-        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts, piece))
+        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts, vocab))
     print("observed acceptance per bucket (seen):")
     for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
         print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
@@ -131,7 +131,7 @@ def main() -> int:
     rows = []
     for name, item in answers.items():
         def speedup(names: List[str], c: CostCurve, perfect: bool = False) -> float:
-            spec = speculator(names, c, AcceptanceModel(), piece)
+            spec = speculator(names, c, AcceptanceModel(), vocab)
             return replay(item["prompt"], item["answer"], spec, perfect=perfect).speedup
 
         row = [geomean([speedup(names, c) for c in curves]) for names in (["lookup"], ["lookahead"], both)]

@@ -52,9 +52,9 @@ def model_file():
 
 
 @pytest.fixture(scope="session")
-def qwen_piece(model_file):
-    """The bytes of a Qwen2.5 token (the vocabulary of the recorded answers in tests/data)."""
-    return Model(model_file(QWEN), vocab_only=True).piece
+def qwen_vocab(model_file):
+    """Qwen2.5's vocabulary (that of the recorded answers in tests/data)."""
+    return Model(model_file(QWEN), vocab_only=True)
 
 
 @pytest.fixture(scope="session")

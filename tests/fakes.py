@@ -16,6 +16,7 @@ class FakeModel:
     eos = EOS
     bos = 0
     path = None
+    eog_tokens = frozenset({EOS})
 
     def is_eog(self, token: int) -> bool:
         return token == EOS

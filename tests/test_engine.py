@@ -21,7 +21,7 @@ from llamaspec.engine import Engine
 from llamaspec.lookahead import LookaheadSource
 from llamaspec.config import LookaheadConfig
 from llamaspec.lookup import LookupSource
-from llamaspec.planner import Planner
+from llamaspec.planner import Limits, Planner
 from llamaspec.sampling import Distribution, sample, transform
 from llamaspec.speculator import Speculator
 
@@ -195,6 +195,18 @@ def test_an_end_of_generation_inside_an_accepted_draft():
     assert s.n_accept <= 5 - 1 and s.accepted_by_pos[0] <= 1 and sum(s.accepted_by_pos) == s.n_accept
     assert eng.tokens[-1] == EOS and eng.tokens[:-1] == prompt + result.tokens  # EOS pending, the rest cut
     check_kv(ctx, eng.tokens)
+
+
+def test_no_candidate_goes_on_past_an_end_of_generation_token():
+    """Nothing after an end-of-generation token is ever emitted: the speculator cuts candidates
+    there, so the planner never pays rows for them."""
+    prompt = fake_prompt(30)
+    eos_at = len(prompt) + 3
+    ends = Speculator([EosOracle(eos_at)], AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+                      Planner(CostModel(CostCurve.flat())), frozenset({EOS}))
+    plan = ends.plan(prompt, Limits(max_depth=16, max_rows=64, room=64), GREEDY, np.random.default_rng(0))
+    assert plan.candidates[0].tokens == tuple(greedy_text(prompt, 3)) + (EOS,)
+    assert len(plan.trie) == 1 + 4 and plan.lengths == (4,)
 
 
 def test_a_stop_string_held_back_still_yields_its_tokens():

@@ -25,9 +25,12 @@ HELD_OUT = json.loads((Path(__file__).parent / "data" / "held_out_answers.json")
 LINEAR = CostCurve([float(n) for n in range(1, 33)], 30.0, 2, "cpu")  # verifying never pays
 
 
-def speculator(curve, lookahead=True, piece=None):
-    sources = [LookupSource(piece=piece)] + ([LookaheadSource(LookaheadConfig())] if lookahead else [])
-    return Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)))
+def speculator(curve, lookahead=True, vocab=None):
+    """Lookup (comparing text when given the ``vocab``) and lookahead; candidates end at its
+    end-of-generation tokens."""
+    sources = [LookupSource(piece=vocab.piece if vocab else None)]
+    sources += [LookaheadSource(LookaheadConfig())] if lookahead else []
+    return Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens if vocab else frozenset())
 
 
 def test_copy_oracle_on_texts_whose_answer_is_known():
@@ -52,18 +55,18 @@ def test_replay_counts_and_cost():
 
 
 @pytest.mark.parametrize("name, share", [("code_edit", 0.7), ("summarize_quotes", 0.6), ("json_record", 0.6)])
-def test_where_the_answer_copies_the_prompt_the_planner_gets_near_the_bound(name, share, qwen_piece):
+def test_where_the_answer_copies_the_prompt_the_planner_gets_near_the_bound(name, share, qwen_vocab):
     item = ANSWERS[name]
     bound = copy_oracle(item["prompt"], item["answer"], REFERENCE_CPU.cost)
-    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, piece=qwen_piece))
+    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, vocab=qwen_vocab))
     print(f"{name}: {stats.speedup:.2f}x of a {bound:.2f}x bound")
     assert stats.speedup >= share * bound
 
 
 @pytest.mark.parametrize("name", ["open_chat", "long_answer"])
-def test_where_nothing_is_copied_the_planner_costs_almost_nothing(name, qwen_piece):
+def test_where_nothing_is_copied_the_planner_costs_almost_nothing(name, qwen_vocab):
     item = ANSWERS[name]
-    assert replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, piece=qwen_piece)).speedup >= 0.97
+    assert replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, vocab=qwen_vocab)).speedup >= 0.97
 
 
 def test_a_flat_curve_verifies_more_than_a_steep_one():
@@ -83,11 +86,11 @@ def test_perfect_estimates_reach_the_bound_on_a_plain_copy():
 
 
 @pytest.mark.parametrize("name", ["code_edit", "summarize_quotes"])
-def test_perfect_estimates_split_the_gap_to_the_bound(name, qwen_piece):
+def test_perfect_estimates_split_the_gap_to_the_bound(name, qwen_vocab):
     item = ANSWERS[name]
     bound = copy_oracle(item["prompt"], item["answer"], REFERENCE_CPU.cost)
-    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, piece=qwen_piece))
-    perfect = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, piece=qwen_piece), perfect=True)
+    stats = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, vocab=qwen_vocab))
+    perfect = replay(item["prompt"], item["answer"], speculator(REFERENCE_CPU, vocab=qwen_vocab), perfect=True)
     print(f"{name}: {stats.speedup:.2f}x, with perfect estimates {perfect.speedup:.2f}x, bound {bound:.2f}x")
     assert stats.speedup < perfect.speedup <= bound
     # it verifies what the answer accepts, and a few more rows only where the curve dips (on the
@@ -96,10 +99,10 @@ def test_perfect_estimates_split_the_gap_to_the_bound(name, qwen_piece):
 
 
 @pytest.mark.parametrize("curve", [FLATTER_CPU, REFERENCE_CPU, STEEP_CPU], ids=["flatter", "reference", "steep"])
-def test_never_much_slower_than_plain_on_any_recorded_answer(curve, qwen_piece):
+def test_never_much_slower_than_plain_on_any_recorded_answer(curve, qwen_vocab):
     """Every recorded answer, the suite's and thirty more (code edits, conversions, extraction,
     summaries, open questions, a translation), replayed on three CPU curves: speculation never
     costs more than 5%."""
     for name, item in {**ANSWERS, **MORE, **HELD_OUT}.items():
-        stats = replay(item["prompt"], item["answer"], speculator(curve, piece=qwen_piece))
+        stats = replay(item["prompt"], item["answer"], speculator(curve, vocab=qwen_vocab))
         assert stats.speedup >= 0.95, f"{name}: {stats.speedup:.2f}x"
