@@ -13,8 +13,7 @@ from .chat import ChatTemplate, Message, fit
 from . import completions, models
 from .acceptance_model import AcceptanceModel
 from .candidates import Source
-from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
-                     SpecConfig)
+from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from .costs import CostCurve, CostModel, load_or_measure
 from .draft_model import DraftModelSource
 from .engine import Engine
@@ -29,7 +28,7 @@ from .lanes import BatchEngine, check_prompt
 from .scheduler import Request, RequestStream, Scheduler
 from .batcher import Batcher
 from .models import resolve_model
-from .generation import Chunk, Result, Stream, last, make_config
+from .generation import Result, Stream, last, make_config
 from .vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]

@@ -97,8 +97,8 @@ def main() -> None:
     same = sum(texts[1][name] == texts[args.parallel][name] for name in texts[1])
     print(f"model {Path(args.model).name}, --spec {args.spec}, {args.clients} clients x {len(suite)} prompts, "
           f"{args.n_predict} tokens, {args.threads} threads, temperature 0, median of {args.runs}")
-    print(f"| server | aggregate t/s | runs |")
-    print(f"|---|---:|---|")
+    print("| server | aggregate t/s | runs |")
+    print("|---|---:|---|")
     for p in servers:
         print(f"| --parallel {p} | {statistics.median(tps[p]):.2f} | {', '.join(f'{r:.2f}' for r in tps[p])} |")
     print(f"speed-up: {many / one:.2f}x; same text as --parallel 1: {same}/{len(texts[1])} prompts")

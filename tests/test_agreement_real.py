@@ -14,7 +14,7 @@ import llamaspec
 from llamaspec import SamplingConfig
 from llamaspec._llama import quantize
 
-from conftest import QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN_DRAFT, THREADS, assert_one_line_error, run
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from typing import List, Sequence
+from typing import List
 
 import numpy as np
 import pytest
@@ -14,15 +14,13 @@ from scipy.stats import chisquare
 
 from llamaspec.acceptance_model import AcceptanceModel
 from llamaspec.generation import Stream, make_config
-from llamaspec.candidates import Budget, Candidate, Outcome, Proposal
+from llamaspec.candidates import Candidate, Outcome, Proposal
 from llamaspec.config import SamplingConfig
 from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.engine import Engine
-from llamaspec.lookahead import LookaheadSource
-from llamaspec.config import LookaheadConfig
 from llamaspec.lookup import LookupSource
 from llamaspec.planner import Limits, Planner
-from llamaspec.sampling import Distribution, sample, transform
+from llamaspec.sampling import sample, transform
 from llamaspec.speculator import Speculator
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of

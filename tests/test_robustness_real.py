@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import LlamaspecError, PromptError, SamplingConfig
+from llamaspec import LlamaspecError, PromptError
 from llamaspec.errors import StreamClosedError
 
 from conftest import QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run

@@ -8,11 +8,10 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List
+from typing import Dict
 
 import psutil
 import pytest
