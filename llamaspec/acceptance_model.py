@@ -22,9 +22,10 @@ bet 15 rows on it. Tokens the text departed from twice and never kept (160, 161)
 17% and 13% over the suite's and fourteen more answers. The end of a sentence a copy has not
 met yet (170, 171) is rare in the recorded answers (in every replay of them all: 0 of 15 near
 the copy's start, 8 of 16 after 16 copied tokens); its priors were chosen by replaying them
-(a quote's first period, where a summary ends its line, cost a 16-row bet). The n-gram matches' buckets by support (how the other occurrences went on)
-come from the suite's and fourteen more answers pooled (``tests/data/more_answers.json``) and
-were checked on sixteen answers used in no fit (``tests/data/held_out_answers.json``).
+(a quote's first period, where a summary ends its line, cost a 16-row bet). The n-gram
+matches' buckets by support (how the other occurrences went on) come from the suite's and
+fourteen more answers pooled (``tests/data/more_answers.json``) and were checked on sixteen
+answers used in no fit (``tests/data/held_out_answers.json``).
 """
 
 from __future__ import annotations

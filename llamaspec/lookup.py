@@ -261,11 +261,12 @@ class PromptLookup:
             a = self.anchor = Anchor(scored[0][2], scored[0][3])
         found: List[Tuple[List[int], Tuple[int, ...]]] = []
         if a is not None and a.pos < self._limit(a.index):
-            cont = indexes[a.index].tokens[a.pos:min(a.pos + max_len, self._limit(a.index))]
+            src = indexes[a.index].tokens
+            cont = src[a.pos:min(a.pos + max_len, self._limit(a.index))]
             if a.gap:
                 evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
             else:
-                evidence = tuple(self._in_step(a, i, t) for i, t in enumerate(cont))
+                evidence = tuple(self._in_step(a, i, src) for i in range(len(cont)))
             found.append((cont, evidence))
         for agree, _, i, e in scored:
             if len(found) == max_candidates:
@@ -294,14 +295,14 @@ class PromptLookup:
             peers = alike
         return out
 
-    def _in_step(self, a: Anchor, i: int, token: int) -> int:
-        """The bucket of the anchor's i-th next token while the text is in step with it. A
-        token the text never copied but departed from (NEVER_KEPT times) takes its edit class's
-        bucket even in a fresh or resumed copy: a summary quotes a sentence, then ends its line
-        where the source goes on, every time."""
+    def _in_step(self, a: Anchor, i: int, src: Sequence[int]) -> int:
+        """The bucket of the anchor's i-th next token in its source ``src`` while the text is in
+        step with it. A token the text never copied but departed from (NEVER_KEPT times) takes
+        its edit class's bucket even in a fresh or resumed copy: a summary quotes a sentence,
+        then ends its line where the source goes on, every time."""
+        token = src[a.pos + i]
         kept, edited = self.edits.get(token, (0, 0))
         if a.copied >= FRESH_UNTIL or (edited >= NEVER_KEPT and not kept):
-            src = self._indexes()[a.index].tokens
             return IN_STEP + 10 * self._edit_class(token, src, a.pos + i) + (a.copied + i >= 16)
         return (RESUMED if a.resumed else FRESH) + min(a.copied + i, 5)
 
