@@ -14,7 +14,7 @@ from . import completions, models
 from .acceptance_model import AcceptanceModel
 from .candidates import Source
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
-from .costs import CostCurve, CostModel, load_or_measure
+from .costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .draft_model import DraftModelSource
 from .engine import Engine
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
@@ -83,11 +83,11 @@ class LlamaSpec:
                 self._caches.validate_vocab(self.model.n_vocab)
             self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
+            curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
             draft_curve = None
             if self.draft_model is not None and draft is not None:
                 self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-                draft_curve = load_or_measure(self._draft_ctx, costs_file, progress)
-            curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
+                draft_curve = load_or_measure_draft(self._draft_ctx, curve, self.model, costs_file, progress)
             self._costs = CostModel(curve, draft_curve)
             self._names, self._fixed, self._lookup, self._lookahead = names, spec.fixed, lookup, lookahead
             self._references = [self.model.tokenize(text, add_special=False, parse_special=False)

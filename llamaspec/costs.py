@@ -255,6 +255,30 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = F
     return curve
 
 
+def load_or_measure_draft(ctx: Context, target: CostCurve, target_model: Model, cache_file: Optional[Path],
+                          progress: bool = False) -> CostCurve:
+    """The draft model's curve, as load_or_measure, measured again when it is implausible: a
+    draft whose file is smaller than its target's but whose token took longer than the target's
+    was measured on a busy machine (beside a test suite, a 0.5B draft token once cost 14 of its
+    1.5B target's). The target's costs are refined from every decode, but a draft's only while
+    it drafts, and a draft that looks slow is never asked. A measurement still implausible
+    (the machine is still busy) is used but not cached: the next load measures again."""
+    curve = load_or_measure(ctx, cache_file, progress)
+    if plausible_draft(curve, ctx.model, target, target_model):
+        return curve
+    curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} again" if progress else "")
+    if cache_file is not None and plausible_draft(curve, ctx.model, target, target_model):
+        save(curve, ctx, cache_file)
+    return curve
+
+
+def plausible_draft(draft: CostCurve, draft_model: Model, target: CostCurve, target_model: Model) -> bool:
+    """Whether ``draft``'s token is cheaper than ``target``'s, or its model file no smaller."""
+    if draft.ms_per_token <= 0 or target.ms_per_token <= 0:
+        return True
+    return draft.ms_per_token < target.ms_per_token or draft_model.path.stat().st_size >= target_model.path.stat().st_size
+
+
 def save(curve: CostCurve, ctx: Context, cache_file: Path) -> None:
     """Cache ``curve`` for the model, thread count and backend of ``ctx`` (replacing any)."""
     table = read_table(cache_file)

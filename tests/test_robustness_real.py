@@ -14,14 +14,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from llamaspec import LlamaspecError, PromptError
+from llamaspec import LlamaSpec, LlamaspecError, ModelConfig, PromptError, costs
+from llamaspec.costs import REFERENCE_CPU, CostCurve
 from llamaspec.errors import StreamClosedError
 
-from conftest import QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN, QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
 from test_engine_real import assert_kv_invariant
 
 A, B = "Once upon a time", "def fibonacci(n):"  # different first tokens: no cached prefix to share
@@ -154,6 +156,41 @@ def test_the_first_cost_measurement_says_what_it_does(smol, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "measuring decode costs of SmolLM2-135M-Instruct.Q4_1 (once)" in result.stderr
     assert (tmp_path / "costs.json").is_file()
+
+
+def test_a_draft_measured_slower_than_its_target_is_measured_again(model_file, pool, tmp_path, monkeypatch):
+    """The 0.5B draft's cached token cost (5 s) exceeds its 1.5B target's (1 s): it was measured
+    on a busy machine. Loading the pair measures the draft again (not the target) and caches
+    the new curve, unless it is still implausible."""
+    target, draft = model_file(QWEN), model_file(QWEN_DRAFT)
+    cache = tmp_path / "costs.json"
+
+    def plant() -> None:
+        cache.write_text(json.dumps({costs._key(path, THREADS, "cpu"): asdict(CostCurve(REFERENCE_CPU.relative, ms,
+                                                                                       THREADS, "cpu"))
+                                     for path, ms in ((target, 1000.0), (draft, 5000.0))}))
+
+    def load() -> None:
+        with LlamaSpec(ModelConfig(str(target), n_ctx=2048, n_threads=THREADS),
+                       ModelConfig(str(draft), n_ctx=2048, n_threads=THREADS), cache_dir=tmp_path, progress=False,
+                       pool=pool):
+            pass
+
+    measured = []
+    real_measure = costs.measure
+    monkeypatch.setattr(costs, "measure", lambda ctx, **kw: measured.append(ctx.model.path) or busy)
+    busy = CostCurve(REFERENCE_CPU.relative, 3000.0, THREADS, "cpu")  # the machine is still busy
+    plant()
+    load()
+    assert measured == [draft] and costs.cached_curve(draft, THREADS, cache).ms_per_token == 5000.0  # not cached
+
+    monkeypatch.setattr(costs, "measure", lambda ctx, **kw: measured.append(ctx.model.path) or real_measure(ctx, **kw))
+    load()
+    assert measured == [draft, draft]
+    assert costs.cached_curve(draft, THREADS, cache).ms_per_token < 1000.0  # measured here: cached
+    assert costs.cached_curve(target, THREADS, cache).ms_per_token == 1000.0
+    load()
+    assert measured == [draft, draft]  # now plausible: used as cached
 
 
 def test_q4_k_weights_decode_a_verify_batch_in_a_fresh_process(model_file):
