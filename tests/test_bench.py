@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llamaspec import ModelConfig, SpecConfig, costs
+from llamaspec._llama import Context
 from llamaspec.api import LlamaSpec
 from llamaspec.bench import load_suite
 from llamaspec.bench.report import BenchReport, Row, check_shape, shape_of, validate
@@ -166,6 +167,29 @@ def test_profile_measures_every_n_and_generation_reuses_it(smol, tmp_path, monke
         assert spec.generate("Hello", max_tokens=2, temperature=0).stats.n_predict == 2
     assert_one_line_error(run("profile", "-m", smol, "--repeats", "0", "--cache-dir", str(tmp_path)),
                           "repeats must be >= 1")
+
+
+def test_costs_are_measured_on_text_and_one_token_is_timed_most(smol, pool, monkeypatch):
+    """Decodes of text behind text (not of one token repeated), one token tried ONES times as
+    often as a batch: one token is the unit of every cost. Rolled back after."""
+    model = pool.get(Path(smol))
+    ctx = Context(model, 1024, THREADS)
+    try:
+        ctx.eval(model.tokenize("Hello", add_special=False))
+        before = list(ctx.tokens)
+        decodes = []
+        real_eval = ctx.eval
+        monkeypatch.setattr(ctx, "eval", lambda tokens, logits="none": decodes.append((list(tokens), logits))
+                            or real_eval(tokens, logits=logits))
+        curve = costs.measure(ctx, sizes=(1, 2, 4), repeats=2, deep_sizes=())
+        assert ctx.tokens == before and curve.relative[0] == 1.0
+        (filler, _), timed = decodes[0], [tokens for tokens, logits in decodes if logits == "all"]
+        assert len(filler) == costs.PREFIX and len(set(filler)) > 10
+        assert [len(t) for t in timed] == 2 * ([1] * costs.ONES + [2, 4])
+        assert all(t == filler[:len(t)] for t in timed)
+    finally:
+        ctx.close()
+        pool.release(model)
 
 
 def test_draft_fixed_verifies_draft_max_tokens_every_step_and_is_not_a_default(smol, tmp_path):
