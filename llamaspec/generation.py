@@ -52,8 +52,6 @@ class Chunk:
 
 
 class Vocabulary(Protocol):
-    def is_eog(self, token: int) -> bool: ...
-
     @property
     def eog_tokens(self) -> FrozenSet[int]: ...
 
@@ -152,7 +150,7 @@ class Collector:
         piece, kept, taken = "", 0, []
         for token in step.tokens:
             kept += 1
-            if self.vocab.is_eog(token):
+            if token in self.vocab.eog_tokens:
                 self.stop_reason = "stop"
                 break
             self.tokens.append(token)

@@ -19,17 +19,24 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, DefaultDict, Dict, List, Sequence
+from typing import TYPE_CHECKING, Callable, DefaultDict, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .acceptance import walk_greedy
+from .acceptance_model import AcceptanceModel
 from .candidates import Candidate, Outcome
-from .config import SamplingConfig
-from .planner import MAX_LEAVES, Limits
+from .config import LookaheadConfig, SamplingConfig
+from .costs import CostCurve, CostModel
+from .lookahead import LookaheadSource
+from .lookup import LookupSource
+from .planner import MAX_LEAVES, Limits, Planner
 from .sequences import common_prefix
 from .speculator import Speculator
 from .stats import SourceStats
+
+if TYPE_CHECKING:
+    from .generation import Vocabulary
 
 
 @dataclass
@@ -51,6 +58,20 @@ class ReplayStats:
     def speedup(self) -> float:
         """Predicted decode speed over plain decoding (which costs one unit per token)."""
         return self.n_tokens / self.cost if self.cost else 1.0
+
+
+def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"),
+               vocab: Optional["Vocabulary"] = None, model: Optional[AcceptanceModel] = None) -> Speculator:
+    """The sources a replay can run (``sources`` of lookup and lookahead; lookup compares text
+    when given the ``vocab``) with a fresh acceptance model (or ``model``) and a planner on
+    ``curve``; candidates end at the vocab's end-of-generation tokens."""
+    found: list = []
+    if "lookup" in sources:
+        found.append(LookupSource(piece=vocab.piece if vocab is not None else None))
+    if "lookahead" in sources:
+        found.append(LookaheadSource(LookaheadConfig()))
+    return Speculator(found, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
+                      vocab.eog_tokens if vocab is not None else frozenset())
 
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,

@@ -39,17 +39,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
 import llamaspec  # noqa: E402
-from llamaspec import LookaheadConfig, models  # noqa: E402
+from llamaspec import models  # noqa: E402
 from llamaspec.acceptance_model import AcceptanceModel  # noqa: E402
 from llamaspec.bench.suite import greedy_answers  # noqa: E402
-from llamaspec.costs import CPU_CURVES, CostCurve, CostModel, cached_curve  # noqa: E402
+from llamaspec.costs import CPU_CURVES, CostCurve, cached_curve  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
-from llamaspec.lookahead import LookaheadSource  # noqa: E402
 from llamaspec._llama import Model  # noqa: E402
-from llamaspec.lookup import LookupSource  # noqa: E402
-from llamaspec.planner import Planner  # noqa: E402
-from llamaspec.replay import copy_oracle, replay  # noqa: E402
-from llamaspec.speculator import Speculator  # noqa: E402
+from llamaspec.replay import copy_oracle, replay, speculator  # noqa: E402
 
 # How far --jitter moves each cost of a copy of the curve (a standard deviation, relative).
 JITTER = 0.06
@@ -68,15 +64,6 @@ def record(model: str, n: int, path: Path) -> Dict[str, Dict[str, List[int]]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(answers) + "\n")
     return answers
-
-
-def speculator(names: List[str], curve: CostCurve, model: AcceptanceModel, vocab: Model) -> Speculator:
-    sources: list = []
-    if "lookup" in names:
-        sources.append(LookupSource(piece=vocab.piece))  # lookup compares text
-    if "lookahead" in names:
-        sources.append(LookaheadSource(LookaheadConfig()))
-    return Speculator(sources, model, Planner(CostModel(curve)), vocab.eog_tokens)
 
 
 def jittered(curve: CostCurve, k: int, sd: float = JITTER) -> List[CostCurve]:
@@ -116,7 +103,7 @@ def main() -> int:
 
     counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
     for item in answers.values():
-        replay(item["prompt"], item["answer"], speculator(["lookup", "lookahead"], curve, counts, vocab))
+        replay(item["prompt"], item["answer"], speculator(curve, vocab=vocab, model=counts))
     print("observed acceptance per bucket (seen):")
     for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
         print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
@@ -131,7 +118,7 @@ def main() -> int:
     rows = []
     for name, item in answers.items():
         def speedup(names: List[str], c: CostCurve, perfect: bool = False) -> float:
-            spec = speculator(names, c, AcceptanceModel(), vocab)
+            spec = speculator(c, names, vocab)
             return replay(item["prompt"], item["answer"], spec, perfect=perfect).speedup
 
         row = [geomean([speedup(names, c) for c in curves]) for names in (["lookup"], ["lookahead"], both)]

@@ -18,9 +18,6 @@ class FakeModel:
     path = None
     eog_tokens = frozenset({EOS})
 
-    def is_eog(self, token: int) -> bool:
-        return token == EOS
-
     def piece(self, token: int) -> bytes:
         return b"<eos>" if token == EOS else f"{chr(ord('a') + token)}".encode()
 

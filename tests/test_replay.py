@@ -10,27 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import LookaheadConfig
-from llamaspec.acceptance_model import AcceptanceModel
-from llamaspec.costs import FLATTER_CPU, REFERENCE_CPU, STEEP_CPU, CostCurve, CostModel
-from llamaspec.lookahead import LookaheadSource
-from llamaspec.lookup import LookupSource
-from llamaspec.planner import Planner
-from llamaspec.replay import copy_oracle, replay
-from llamaspec.speculator import Speculator
+from llamaspec.costs import FLATTER_CPU, REFERENCE_CPU, STEEP_CPU, CostCurve
+from llamaspec.replay import copy_oracle, replay, speculator
 
 ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text())
 MORE = json.loads((Path(__file__).parent / "data" / "more_answers.json").read_text())
 HELD_OUT = json.loads((Path(__file__).parent / "data" / "held_out_answers.json").read_text())
 LINEAR = CostCurve([float(n) for n in range(1, 33)], 30.0, 2, "cpu")  # verifying never pays
-
-
-def speculator(curve, lookahead=True, vocab=None):
-    """Lookup (comparing text when given the ``vocab``) and lookahead; candidates end at its
-    end-of-generation tokens."""
-    sources = [LookupSource(piece=vocab.piece if vocab else None)]
-    sources += [LookaheadSource(LookaheadConfig())] if lookahead else []
-    return Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens if vocab else frozenset())
 
 
 def test_copy_oracle_on_texts_whose_answer_is_known():
@@ -46,11 +32,11 @@ def test_copy_oracle_on_texts_whose_answer_is_known():
 
 def test_replay_counts_and_cost():
     answer = [1, 2, 3, 4, 5, 6, 7, 8] * 8
-    stats = replay(answer[:8], answer[8:], speculator(CostCurve.flat(), lookahead=False))
+    stats = replay(answer[:8], answer[8:], speculator(CostCurve.flat(), ("lookup",)))
     assert stats.n_tokens == len(answer) - 8 - 1  # the first token is the prompt's
     assert stats.n_accept <= stats.n_drafted and stats.n_accept == stats.n_tokens - stats.n_steps
     assert stats.speedup > 5 and stats.sources["lookup"].accepted == stats.n_accept
-    plain = replay(answer[:8], answer[8:], Speculator([], AcceptanceModel(), Planner(CostModel(REFERENCE_CPU))))
+    plain = replay(answer[:8], answer[8:], speculator(REFERENCE_CPU, ()))
     assert plain.speedup == 1.0 and plain.n_drafted == 0
 
 
@@ -78,11 +64,11 @@ def test_a_flat_curve_verifies_more_than_a_steep_one():
 
 def test_perfect_estimates_reach_the_bound_on_a_plain_copy():
     prompt = list(range(1, 21))
-    perfect = replay(prompt, prompt, speculator(CostCurve.flat(), lookahead=False), perfect=True)
+    perfect = replay(prompt, prompt, speculator(CostCurve.flat(), ("lookup",)), perfect=True)
     assert perfect.speedup == copy_oracle(prompt, prompt, CostCurve.flat().cost) == 19.0
     assert perfect.n_steps == 1 and perfect.n_accept == perfect.n_drafted == 18
     # where verifying never pays, knowing the answer does not make it pay
-    assert replay(prompt, prompt, speculator(LINEAR, lookahead=False), perfect=True).n_drafted == 0
+    assert replay(prompt, prompt, speculator(LINEAR, ("lookup",)), perfect=True).n_drafted == 0
 
 
 @pytest.mark.parametrize("name", ["code_edit", "summarize_quotes"])
