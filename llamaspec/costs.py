@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -258,34 +258,31 @@ def cached_curve(model_path: Path, threads: int, cache_file: Path, backend: str 
     return CostCurve(**entry) if entry else None
 
 
-def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = False) -> CostCurve:
-    """The cached curve of this model, thread count and backend, or a fresh measurement (saved).
-    With ``progress``, a measurement shows a progress bar saying what it does."""
-    key = _key(ctx.model.path, ctx.threads, backend_name(ctx.model))
-    table = read_table(cache_file)
-    if key in table:
-        return CostCurve(**table[key])
-    curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} (once)" if progress else "")
-    if cache_file is not None:
+def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = False,
+                    plausible: Callable[[CostCurve], bool] = lambda curve: True) -> CostCurve:
+    """The cached curve of this model, thread count and backend, or a fresh measurement, saved.
+    A curve ``plausible`` rejects is not trusted: a cached one is measured again, a fresh one is
+    used but not saved, so the next load measures again. With ``progress``, a measurement shows
+    a progress bar saying what it does."""
+    entry = read_table(cache_file).get(_key(ctx.model.path, ctx.threads, backend_name(ctx.model)))
+    if entry is not None and plausible(CostCurve(**entry)):
+        return CostCurve(**entry)
+    why = "(once)" if entry is None else "again"
+    curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} {why}" if progress else "")
+    if cache_file is not None and plausible(curve):
         save(curve, ctx, cache_file)
     return curve
 
 
 def load_or_measure_draft(ctx: Context, target: CostCurve, target_model: Model, cache_file: Optional[Path],
                           progress: bool = False) -> CostCurve:
-    """The draft model's curve, as load_or_measure, measured again when it is implausible: a
-    draft whose file is smaller than its target's but whose token took longer than the target's
-    was measured on a busy machine (beside a test suite, a 0.5B draft token once cost 14 of its
+    """The draft model's curve, by load_or_measure, trusted only when plausible_draft: a draft
+    whose file is smaller than its target's but whose token took longer than the target's was
+    measured on a busy machine (beside a test suite, a 0.5B draft token once cost 14 of its
     1.5B target's). The target's costs are refined from every decode, but a draft's only while
-    it drafts, and a draft that looks slow is never asked. A measurement still implausible
-    (the machine is still busy) is used but not cached: the next load measures again."""
-    curve = load_or_measure(ctx, cache_file, progress)
-    if plausible_draft(curve, ctx.model, target, target_model):
-        return curve
-    curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} again" if progress else "")
-    if cache_file is not None and plausible_draft(curve, ctx.model, target, target_model):
-        save(curve, ctx, cache_file)
-    return curve
+    it drafts, and a draft that looks slow is never asked."""
+    return load_or_measure(ctx, cache_file, progress, lambda curve: plausible_draft(curve, ctx.model, target,
+                                                                                     target_model))
 
 
 def plausible_draft(draft: CostCurve, draft_model: Model, target: CostCurve, target_model: Model) -> bool:

@@ -165,10 +165,10 @@ def test_a_draft_measured_slower_than_its_target_is_measured_again(model_file, p
     target, draft = model_file(QWEN), model_file(QWEN_DRAFT)
     cache = tmp_path / "costs.json"
 
-    def plant() -> None:
+    def plant(*entries) -> None:
         cache.write_text(json.dumps({costs._key(path, THREADS, "cpu"): asdict(CostCurve(REFERENCE_CPU.relative, ms,
                                                                                        THREADS, "cpu"))
-                                     for path, ms in ((target, 1000.0), (draft, 5000.0))}))
+                                     for path, ms in entries}))
 
     def load() -> None:
         with LlamaSpec(ModelConfig(str(target), n_ctx=2048, n_threads=THREADS),
@@ -178,9 +178,13 @@ def test_a_draft_measured_slower_than_its_target_is_measured_again(model_file, p
 
     measured = []
     real_measure = costs.measure
-    monkeypatch.setattr(costs, "measure", lambda ctx, **kw: measured.append(ctx.model.path) or busy)
     busy = CostCurve(REFERENCE_CPU.relative, 3000.0, THREADS, "cpu")  # the machine is still busy
-    plant()
+    monkeypatch.setattr(costs, "measure", lambda ctx, **kw: measured.append(ctx.model.path) or busy)
+    plant((target, 1000.0))  # the draft never measured: measured once, implausible, not cached
+    load()
+    assert measured == [draft] and costs.cached_curve(draft, THREADS, cache) is None
+    measured.clear()
+    plant((target, 1000.0), (draft, 5000.0))
     load()
     assert measured == [draft] and costs.cached_curve(draft, THREADS, cache).ms_per_token == 5000.0  # not cached
 
