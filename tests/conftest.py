@@ -152,6 +152,15 @@ class Reference:
             gap.append(float(two[1] - two[0]))
         return np.array(argmax), np.array(gap)
 
+    def row_after(self, prompt: List[int], continuation: List[int]) -> np.ndarray:
+        """The logits after ``continuation``: the prompt read in one batch, as generation reads
+        it, then one token at a time."""
+        self.ctx.clear()
+        self.ctx.eval(prompt, logits="last")
+        for token in continuation:
+            self.ctx.eval([token], logits="last")
+        return self.ctx.logits_ith(-1).copy()
+
     def greedy(self, prompt: List[int], n: int) -> Tuple[List[int], List[float]]:
         """Plain greedy decoding: up to ``n`` tokens (ending at an end-of-generation token, not
         included) and, for each, its top-1/top-2 logit gap."""

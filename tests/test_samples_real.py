@@ -85,9 +85,7 @@ def assert_sampled_as_alone(ref, prompt, tokens, expected, sampling: SamplingCon
     if first is None:
         assert tokens == expected, label
         return
-    ref.ctx.clear()
-    ref.ctx.eval([*prompt, *expected[:first]], logits="last")
-    row = ref.ctx.logits_ith(-1).copy()
+    row = ref.row_after(prompt, expected[:first])
     u = Uniforms(seed)(len(prompt) + first)
     assert sampled_near_tie(row, sampling, u, tokens[first], expected[first]), \
         f"{label} token {first}: {tokens[first]} against {expected[first]} (u {u:.4f})"
