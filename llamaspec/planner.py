@@ -15,6 +15,17 @@ best S is the |S| nodes of highest P, and that set holds every node's parent (P 
 a path), so one pass over the nodes by decreasing P tries every size; the cost curve need not be
 monotone. S empty is a plain step: E / cost = 1.
 
+What a token is worth. The planner maximises E(S) - lam * cost(S), with lam the rate recent steps
+reached (``Planner.rate``, at least 1): an accepted token saves the decode that would produce it
+later, and inside a copy that goes on, the next step would copy it at about that rate, so it is
+worth one token of E. Not so where the copy ends: when the sources offer a continuation after v
+but none likely (none accepted at least GOES_ON given v), the target's own token after v is one
+no source offers, which takes a plain step of its own unless it comes as the bonus of a step
+that accepted v. So accepting such a v saves a whole decode: it counts lam tokens
+(``_worth``). A summary's line ending after a quoted sentence (`` mechanism`` then ``.\n``, where
+the passage goes on ``.`` and a new sentence) is worth verifying at a price a token inside the
+quote is not.
+
 The estimates are calibrated: the planner verifies the candidates rated best, so those are rated
 too well on average where the text gives little to copy, while a copied run, once it is going,
 goes on longer than its per-token rates multiply out to. Every P is multiplied by the ratio of
@@ -63,6 +74,8 @@ CATCH_UP_STEPS = 8
 # rate the edit points as copies. (On this CPU's steep curve the best of the two made `auto`
 # slower than lookup alone in replays.)
 SHADOWED = {"lookahead": "lookup"}
+# A node whose likeliest child is accepted less than this, given the node, ends its copy (see _worth).
+GOES_ON = 0.7
 # Draft lengths tried when deciding whether to ask a draft model.
 ASK_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -84,13 +97,15 @@ class Limits:
 @dataclass(frozen=True)
 class Choice:
     """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the rider rides.
-    ``expected`` tokens for ``cost`` single-token decodes (drafting included); ``estimated``: the
-    candidate tokens the acceptance model expected accepted, before calibration."""
+    ``expected`` tokens for ``cost`` single-token decodes (drafting included); ``value``: what
+    they are worth, in tokens (see _worth); ``estimated``: the candidate tokens the acceptance
+    model expected accepted, before calibration."""
 
     lengths: Tuple[int, ...]
     ride: bool
     expected: float
     cost: float
+    value: float
     estimated: float = 0.0
 
     @property
@@ -151,9 +166,11 @@ class Planner:
             # Xeon 33 rows cost 6.95 single-token decodes where 32 cost 6.11, a proportional guess 6.3)
             limits = replace(limits, max_rows=min(limits.max_rows, N_MAX))
         if not self.fixed and not self._may_pay(rates, rider, limits):
-            return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1))
+            return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
+        lam = self.rate
         parent, raw, depth, support = _nodes(candidates, rates)
         prob = _scaled(parent, raw, self.calibration)
+        worth = _worth(parent, prob, lam)
         forced = [v for v in range(1, len(parent))
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
         force_ride = rider is not None and bool(self.fixed)
@@ -167,8 +184,6 @@ class Planner:
         has_child = [False] * len(parent)
         leaves, value = 1, 1.0
         best: Optional[Tuple[float, int, bool]] = None  # (score, nodes, ride)
-
-        lam = self.rate
 
         def consider() -> None:
             nonlocal best
@@ -191,7 +206,7 @@ class Planner:
             has_child[p] = True
             picked[v] = True
             chosen.append(v)
-            value += prob[v]
+            value += prob[v] * worth[v]
             return True
 
         for v in forced:  # a fixed source's tokens are all verified; the scan adds to them
@@ -205,9 +220,11 @@ class Planner:
         for v in chosen[:n]:
             for c, pos in support[v]:
                 lengths[c] = max(lengths[c], pos + 1)
-        expected = 1.0 + sum(prob[v] for v in chosen[:n]) + (rider.value if ride and rider else 0.0)
+        ridden = rider.value if ride and rider else 0.0
+        expected = 1.0 + sum(prob[v] for v in chosen[:n]) + ridden
+        worth_all = 1.0 + sum(prob[v] * worth[v] for v in chosen[:n]) + ridden
         rows = 1 + n + (rider_rows if ride else 0)
-        return Choice(tuple(lengths), ride, expected, sunk + cost(rows), sum(raw[v] for v in chosen[:n]))
+        return Choice(tuple(lengths), ride, expected, sunk + cost(rows), worth_all, sum(raw[v] for v in chosen[:n]))
 
     def _added(self, limits: Limits, rows: int) -> float:
         """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
@@ -218,9 +235,10 @@ class Planner:
         """Whether any selection could beat a plain step: a bound that spares building the trie
         where nothing pays, which is most steps of a text that copies little. Verifying m nodes
         adds at most the m best single chain values (calibrated, at most 1 each: merging shares
-        nodes and siblings exclude each other, which only lowers them) for m rows."""
+        nodes and siblings exclude each other, which only lowers them), each worth at most lam
+        tokens, for m rows."""
         lam, factor = self.rate, self.calibration
-        values = sorted((min(1.0, factor * p) for chain in _chains(rates) for p in chain), reverse=True)
+        values = sorted((lam * min(1.0, factor * p) for chain in _chains(rates) for p in chain), reverse=True)
         plain = 1.0 - lam * self._added(limits, 1)
         ride_rows, ride_value = (len(rider.rows), rider.value) if rider is not None else (0, 0.0)
         if ride_rows and 1.0 + ride_value - lam * self._added(limits, 1 + ride_rows) > plain:
@@ -242,7 +260,7 @@ class Planner:
         ``base``: the choice among the other candidates, when already made."""
         lam = self.rate
         base = base or self.choose(candidates, rates, rider, limits)
-        base_score = base.expected - lam * base.cost
+        base_score = base.value - lam * base.cost
         c_d = self.costs.draft_token()
         lengths = [k for k in ASK_LENGTHS if k <= min(draft_max, limits.max_depth)]
         if not lengths:
@@ -274,7 +292,7 @@ class Planner:
         for k in lengths:
             hyp = Candidate(tuple(range(-k, 0)), name, (0,) * k)
             choice = self.choose([*candidates, hyp], [*rates, [rate] * k], rider, limits, drafting(k))
-            score = choice.expected - lam * choice.cost
+            score = choice.value - lam * choice.cost
             if choice.lengths[-1] and score > best_score:
                 best_score, best_k = score, k
         if best_k == 0 and not fixed:
@@ -293,6 +311,20 @@ def _scaled(parent: Sequence[int], prob: Sequence[float], factor: float) -> List
         left[p] -= out[v]
         left[v] = out[v]
     return out
+
+
+def _worth(parent: Sequence[int], prob: Sequence[float], lam: float) -> List[float]:
+    """What accepting each node is worth, in tokens at the price ``lam`` (see the module's
+    docstring): ``lam`` where the sources offer children but none is accepted at least GOES_ON
+    given the node (the copy ends after it), else 1. A node without children is one the
+    candidates stop at for want of length as often as for want of a copy: 1."""
+    offered = [False] * len(parent)
+    goes_on = [False] * len(parent)
+    for v in range(1, len(parent)):
+        p = parent[v]
+        offered[p] = True
+        goes_on[p] = goes_on[p] or prob[v] >= GOES_ON * prob[p]
+    return [lam if offered[v] and not goes_on[v] else 1.0 for v in range(len(parent))]
 
 
 def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):

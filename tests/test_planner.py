@@ -123,6 +123,22 @@ def test_the_price_of_a_row_is_the_rate_already_reached():
     assert planner.rate == 1.0  # never below plain decoding's
 
 
+def test_a_token_after_which_the_copy_ends_is_worth_a_decode():
+    """At the price of 2 tokens per unit of cost, a likely token inside a copy that goes on does
+    not pay for its row (the next step copies it at that rate), but one after which the copy
+    ends does: the target's token after it, which no source offers, comes as this step's bonus
+    instead of taking a plain step of its own."""
+    def verified(rates):
+        planner = Planner(CostModel(REFERENCE_CPU))
+        planner.learn(200, 100.0)
+        return planner.choose([cand([5, 6])], [rates], None, ROOMY)
+
+    goes_on, ends = verified([0.95, 0.95]), verified([0.95, 0.1])
+    assert goes_on.lengths == (0,)
+    assert ends.lengths == (1,)
+    assert ends.expected == pytest.approx(1.95) and ends.value == pytest.approx(1 + 2 * 0.95)
+
+
 def test_calibration_follows_what_verified_steps_accepted():
     """Verified candidates that are accepted less than rated (the planner verifies the ones rated
     best, so their ratings run high) make it verify less; copies that go on longer than the
