@@ -252,7 +252,8 @@ def _key(path: Path, threads: int, backend: str) -> str:
     return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}-{DEEP}-text"  # -text: measured on text
 
 
-def cached_curve(model_path: Path, threads: int, cache_file: Path, backend: str = "cpu") -> Optional[CostCurve]:
+def cached_curve(model_path: Path, threads: int, cache_file: Optional[Path],
+                 backend: str = "cpu") -> Optional[CostCurve]:
     """The curve measured earlier for this model file, thread count and backend, if any."""
     entry = read_table(cache_file).get(_key(model_path, threads, backend))
     return CostCurve(**entry) if entry else None
@@ -264,10 +265,10 @@ def load_or_measure(ctx: Context, cache_file: Optional[Path], progress: bool = F
     A curve ``plausible`` rejects is not trusted: a cached one is measured again, a fresh one is
     used but not saved, so the next load measures again. With ``progress``, a measurement shows
     a progress bar saying what it does."""
-    entry = read_table(cache_file).get(_key(ctx.model.path, ctx.threads, backend_name(ctx.model)))
-    if entry is not None and plausible(CostCurve(**entry)):
-        return CostCurve(**entry)
-    why = "(once)" if entry is None else "again"
+    cached = cached_curve(ctx.model.path, ctx.threads, cache_file, backend_name(ctx.model))
+    if cached is not None and plausible(cached):
+        return cached
+    why = "(once)" if cached is None else "again"
     curve = measure(ctx, progress=f"measuring decode costs of {ctx.model.path.stem} {why}" if progress else "")
     if cache_file is not None and plausible(curve):
         save(curve, ctx, cache_file)
