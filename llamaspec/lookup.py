@@ -96,7 +96,8 @@ class Anchor:
     """Where in a source text (0: the history, 1..: the references) the text is copying from:
     ``pos`` is where the next token is expected. ``gap``: tokens since the text last agreed with
     the source there (an insertion or a replacement in progress); ``copied``: tokens the text
-    copied from it since it was set or last realigned; ``trusted``: the text has copied at least
+    copied from it since it was set or last realigned (set where everything written since the
+    prompt agrees, all of those); ``trusted``: the text has copied at least
     FRESH_UNTIL tokens in a row from it since it was set. ``home`` and ``edit``: where it was
     before its last realignment and the gap then, restored when the realignment's first token is
     not copied (a short match inside the insertion, not the copy resuming); ``resumed``: that
@@ -138,8 +139,12 @@ NEVER_KEPT = 1
 BEHIND, AHEAD = 4, 64
 REALIGN_BYTES = 32
 DISTANCE = 0.25
-# Agreement that moves the anchor to another occurrence.
+# Agreement that moves the anchor to another occurrence; or, at the start of a text, agreement on
+# everything it wrote, if that is at least COPIES_ALL tokens (an answer opening with ```python
+# where the prompt's code block does: of the forty recorded answers, the ten that did went on
+# copying, 10 tokens on average, while a single token at the start was a copy none of the time).
 MOVE = 4
+COPIES_ALL = 2
 # n-gram matches: MATCH + SUPPORT * support + length bucket; support is CONTESTED or how many
 # occurrences went on alike, up to MAX_SUPPORT.
 MATCH = 200
@@ -171,6 +176,7 @@ class PromptLookup:
             index.extend(ref)
             self.references.append(index)
         self.anchor: Optional[Anchor] = None
+        self.start: Optional[int] = None  # where the text being written starts (its first token)
         self.edits: Dict[int, Tuple[int, int]] = {}  # source token id -> (times copied, times edited there)
 
     def _indexes(self) -> List[TokenIndex]:
@@ -183,6 +189,8 @@ class PromptLookup:
     def follow(self, tokens: Sequence[int]) -> None:
         """Index ``tokens`` as the history and move the anchor along what was appended."""
         n = len(self.history.tokens)
+        if self.start is None or len(tokens) <= self.start:
+            self.start = len(tokens) - 1  # a new text: the prompt, and its first token pending
         self.history.follow(tokens)
         if len(self.history.tokens) < n or list(tokens[:n]) != self.history.tokens[:n]:
             self.anchor = None  # the text was cut: start over
@@ -257,8 +265,12 @@ class PromptLookup:
                 break
         scored.sort(key=lambda s: (-s[0], -s[1]))
         a = self.anchor
-        if scored and scored[0][0] >= MOVE and (a is None or a.gap or scored[0][0] > self._agreement_at(a)):
+        written = end - self.start if self.start is not None else 0
+        if scored and (scored[0][0] >= MOVE or self._copies_all(scored, written)) \
+                and (a is None or a.gap or scored[0][0] > self._agreement_at(a)):
             a = self.anchor = Anchor(scored[0][2], scored[0][3])
+            if scored[0][0] >= written:
+                a.copied = written  # everything written so far is a copy of it
         found: List[Tuple[List[int], Tuple[int, ...]]] = []
         if a is not None and a.pos < self._limit(a.index):
             src = indexes[a.index].tokens
@@ -277,6 +289,15 @@ class PromptLookup:
                 found.append((cont, tuple(MATCH + SUPPORT * s + length_bucket(agree + j)
                                           for j, s in enumerate(support))))
         return found
+
+    def _copies_all(self, scored: Sequence[Tuple[int, int, int, int]], written: int) -> bool:
+        """Whether the ``written`` tokens of the text being written (at least COPIES_ALL) all
+        agree with the best of the ``scored`` occurrences, and every occurrence that agrees as
+        well goes on alike."""
+        if written < COPIES_ALL or not scored or scored[0][0] < written:
+            return False
+        indexes = self._indexes()
+        return len({indexes[i].tokens[e] for agree, _, i, e in scored if agree >= written}) == 1
 
     def _support(self, cont: Sequence[int], agree: int, scored: Sequence[Tuple[int, int, int, int]]) -> List[int]:
         """Per token of ``cont`` (the continuation of one of the ``scored`` occurrences, which
@@ -350,4 +371,4 @@ class LookupSource:
         return []
 
     def finish(self, tokens: Sequence[int]) -> None:
-        pass
+        self.lookup.start = None  # the next text starts after the next prompt

@@ -70,6 +70,7 @@ def test_the_anchor_resumes_the_copy_after_an_edit():
     source = list(range(10, 30))
     lookup = PromptLookup(1, 4, references=[source])
     text = [1, 10, 11, 12, 13, 14, 15]
+    lookup.follow(text[:1])  # the prompt
     lookup.follow(text)
     first = lookup.find(8, 4)[0]
     assert first[0][:3] == [16, 17, 18] and first[1][0] == FRESH + 0  # just set: not trusted yet
@@ -84,6 +85,37 @@ def test_the_anchor_resumes_the_copy_after_an_edit():
     text += [20]  # the copy resumes
     lookup.follow(text)
     assert lookup.find(8, 4)[0][0][:2] == [21, 22]
+
+
+def test_a_text_that_opens_as_a_copy_sets_the_anchor_there():
+    """An answer whose first two tokens (50 51) occur once in the prompt, as a code block's
+    opening fence does, copies from there: the anchor is set with those two counted as copied,
+    though fewer than MOVE tokens agree. One token, or two that occur twice going on
+    differently, set nothing: the continuation is then an n-gram match like any other."""
+    prompt = [1, 2, 50, 51, 52, 53, 54, 55, 3]
+    lookup = PromptLookup(1, 4)
+    lookup.follow([*prompt, 50])
+    assert lookup.anchor is None
+    lookup.follow([*prompt, 50, 51])
+    cont, evidence = lookup.find(8, 4)[0]
+    assert cont[:4] == [52, 53, 54, 55] and evidence[:3] == (FRESH + 2, FRESH + 3, FRESH + 4)
+
+    twice = [1, 50, 51, 60, 2, 50, 51, 52, 53, 3]  # 50 51 goes on 60, then 52
+    contested = PromptLookup(1, 4)
+    contested.follow([*twice, 50])
+    contested.follow([*twice, 50, 51])
+    found = contested.find(8, 4)
+    assert contested.anchor is None and {cont[0] for cont, _ in found} == {52, 60}
+    assert all(MATCH <= e for _, evidence in found for e in evidence)
+
+
+def test_the_text_being_written_starts_after_each_prompt():
+    source = LookupSource()
+    prompt = [1, 2, 50, 51, 52, 53, 3]
+    source.propose([*prompt, 50], Budget(8), GREEDY, None)
+    source.finish([*prompt, 50, 51, 52])
+    source.propose([*prompt, 50, 51, 52, 4, 5, 50], Budget(8), GREEDY, None)  # the next prompt, answered
+    assert source.lookup.start == len(prompt) + 5
 
 
 def test_edit_classes_learn_where_the_text_departs_from_its_source():
@@ -104,7 +136,7 @@ def test_a_fresh_copy_ends_where_the_text_always_departed_from_the_source():
     fresh copy. (A JSON record written from "key: value" lines departs at every ':' alike.)"""
     source = [1, 2, 3, 4, 5, 10, 11, 12, 13, 5, 20, 21, 22, 5, 30, 31, 32, 5]
     lookup = PromptLookup(1, 4, references=[source])
-    text = [0, 1, 2, 3, 4, 77, 10, 11, 12]  # one sentence quoted, the second begun
+    text = [0, 7, 1, 2, 3, 4, 77, 10, 11, 12]  # after a word of its own, one sentence quoted, the second begun
     for i in range(2, len(text) + 1):
         lookup.follow(text[:i])
         lookup.find(8, 4)

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 
 from llamaspec import ConfigError, LookupConfig, SamplingConfig, Stats
 from llamaspec.cli import cli
+from llamaspec.candidates import Budget
 from llamaspec.errors import CacheFormatError
+from llamaspec.lookup import FRESH, LookupSource
 from llamaspec.ngram_cache import NgramCache
 
 from conftest import QWEN, SMOL, chatml
@@ -52,6 +54,21 @@ def test_code_edit_is_mostly_copied(module_spec):
     result = spec.generate(CODE_EDIT, max_tokens=96, temperature=0)
     assert result.stats.n_accept > 40, result.stats.summary()
     assert result.stats.tokens_per_call > 1.5
+
+
+def test_an_answer_opening_as_the_prompts_code_block_copies_from_it(qwen_plain):
+    """The target's answer to the type-hint prompt opens with the fence of the prompt's code
+    block: after those two tokens lookup copies the block, rated as a copy of them (FRESH + 2
+    on), and the copy is the answer's own next tokens up to the first type hint."""
+    prompt = qwen_plain.tokenize(CODE_EDIT)
+    answer = qwen_plain.generate(prompt, max_tokens=20, temperature=0).tokens
+    assert qwen_plain.detokenize(answer[:2]) == "```python"
+    source = LookupSource(piece=qwen_plain.model.piece)
+    greedy = SamplingConfig(temperature=0)
+    source.propose([*prompt, answer[0]], Budget(16), greedy, np.random.default_rng(0))
+    first = source.propose([*prompt, *answer[:2]], Budget(16), greedy, np.random.default_rng(0)).candidates[0]
+    assert first.evidence[:3] == (FRESH + 2, FRESH + 3, FRESH + 4)
+    assert first.tokens[:12] == tuple(answer[2:14]), qwen_plain.detokenize(answer)
 
 
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
