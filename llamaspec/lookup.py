@@ -214,6 +214,10 @@ class PromptLookup:
         if a.gap:
             self._realign(a)
 
+    def end_text(self) -> None:
+        """The text being written is complete: the next one starts after the next prompt."""
+        self.start = None
+
     def _realign(self, a: Anchor) -> None:
         """Move the anchor to the token boundary around it where the source's text ends with as
         much of the text's as possible (at least its whole last token), less DISTANCE bytes per
@@ -371,4 +375,4 @@ class LookupSource:
         return []
 
     def finish(self, tokens: Sequence[int]) -> None:
-        self.lookup.start = None  # the next text starts after the next prompt
+        self.lookup.end_text()
