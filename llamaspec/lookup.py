@@ -15,6 +15,11 @@ alike (1: this one alone, 2, 3 or more). A continuation every occurrence agrees 
 likelier (a JSON record's ``",\n  "`` after each value, a name repeated in a story): over the recorded
 answers a 1-token match is accepted 11% of the time when contested, 29% alone, 46% with two
 occurrences alike and 71% with three or more.
+
+Besides n-gram matches, lookup follows one anchor, the place the text is copying from (see
+PromptLookup); its tokens have buckets of their own (fresh, in step, out of step, resumed), and
+apart where the anchor is in the text being written, which copies itself less surely than it
+copies the prompt (OWN_TEXT).
 """
 
 from __future__ import annotations
@@ -151,6 +156,12 @@ MATCH = 200
 SUPPORT = 40
 CONTESTED = 0
 MAX_SUPPORT = 3
+# The anchor's buckets when it is in the text being written, the text copying itself (a phrase
+# said again, a list's next item): OWN_TEXT + the bucket. Such copies go on less often than
+# those of the prompt or a reference: over the 35 recorded answers of tests/data, a fresh
+# anchor's tokens were accepted 56% of the time there against 87%, in step 66% against 77%,
+# resumed 81% against 96%.
+OWN_TEXT = 400
 
 
 class PromptLookup:
@@ -283,6 +294,8 @@ class PromptLookup:
                 evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
             else:
                 evidence = tuple(self._in_step(a, i, src) for i in range(len(cont)))
+            if self._copies_itself(a):
+                evidence = tuple(OWN_TEXT + e for e in evidence)
             found.append((cont, evidence))
         for agree, _, i, e in scored:
             if len(found) == max_candidates:
@@ -293,6 +306,10 @@ class PromptLookup:
                 found.append((cont, tuple(MATCH + SUPPORT * s + length_bucket(agree + j)
                                           for j, s in enumerate(support))))
         return found
+
+    def _copies_itself(self, a: Anchor) -> bool:
+        """Whether the anchor is in the text being written (the text copying itself)."""
+        return a.index == 0 and self.start is not None and a.pos >= self.start
 
     def _copies_all(self, scored: Sequence[Tuple[int, int, int, int]], written: int) -> bool:
         """Whether the ``written`` tokens of the text being written (at least COPIES_ALL) all

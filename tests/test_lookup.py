@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
 from llamaspec.candidates import Budget, length_bucket
-from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, RESUMED, SUPPORT, LookupSource,
-                              PromptLookup, TokenIndex)
+from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_TEXT, RESUMED, SUPPORT,
+                              LookupSource, PromptLookup, TokenIndex)
 from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
 
 GREEDY = SamplingConfig(temperature=0)
@@ -107,6 +107,26 @@ def test_a_text_that_opens_as_a_copy_sets_the_anchor_there():
     found = contested.find(8, 4)
     assert contested.anchor is None and {cont[0] for cont, _ in found} == {52, 60}
     assert all(MATCH <= e for _, evidence in found for e in evidence)
+
+
+def test_an_anchor_in_the_text_being_written_has_buckets_of_its_own():
+    """The same four tokens said again: where they were first said in the answer, the copy is
+    rated as the text copying itself (OWN_TEXT + its bucket); where the prompt said them, as a
+    copy of the prompt."""
+    prompt = [1, 2, 3]
+    answer = [10, 11, 12, 13, 14, 20, 10, 11, 12, 13]
+    own = PromptLookup(1, 4)
+    own.follow([*prompt, answer[0]])  # the answer starts at its first token
+    own.follow([*prompt, *answer])
+    cont, evidence = own.find(8, 4)[0]
+    assert cont[:3] == [14, 20, 10] and evidence[:3] == (OWN_TEXT + FRESH, OWN_TEXT + FRESH + 1, OWN_TEXT + FRESH + 2)
+
+    quoted = PromptLookup(1, 4)
+    quoting = [1, 10, 11, 12, 13, 14, 20, 2]  # the prompt says them first
+    quoted.follow([*quoting, 5, 10])
+    quoted.follow([*quoting, 5, 10, 11, 12, 13])  # all four copied: in step at once
+    cont, evidence = quoted.find(8, 4)[0]
+    assert cont[:2] == [14, 20] and evidence[:2] == (IN_STEP, IN_STEP)
 
 
 def test_the_text_being_written_starts_after_each_prompt():
