@@ -315,10 +315,10 @@ class PromptLookup:
         """Whether the ``written`` tokens of the text being written (at least COPIES_ALL) all
         agree with the best of the ``scored`` occurrences, and every occurrence that agrees as
         well goes on alike."""
-        if written < COPIES_ALL or not scored or scored[0][0] < written:
+        if written < COPIES_ALL or scored[0][0] < written:
             return False
-        indexes = self._indexes()
-        return len({indexes[i].tokens[e] for agree, _, i, e in scored if agree >= written}) == 1
+        _, _, i, e = scored[0]
+        return self._support(self._indexes()[i].tokens[e:e + 1], written, scored)[0] != CONTESTED
 
     def _support(self, cont: Sequence[int], agree: int, scored: Sequence[Tuple[int, int, int, int]]) -> List[int]:
         """Per token of ``cont`` (the continuation of one of the ``scored`` occurrences, which
