@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
 from llamaspec.candidates import Budget, length_bucket
-from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_TEXT, RESUMED, SUPPORT,
+from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_MATCH, OWN_TEXT, RESUMED, SUPPORT,
                               LookupSource, PromptLookup, TokenIndex)
 from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
 
@@ -127,6 +127,34 @@ def test_an_anchor_in_the_text_being_written_has_buckets_of_its_own():
     quoted.follow([*quoting, 5, 10, 11, 12, 13])  # all four copied: in step at once
     cont, evidence = quoted.find(8, 4)[0]
     assert cont[:2] == [14, 20] and evidence[:2] == (IN_STEP, IN_STEP)
+
+
+def test_a_match_only_the_text_being_written_goes_on_like_has_buckets_of_its_own():
+    """Two tokens said again: where only the answer said them before, the match's tokens are
+    rated as the text copying itself (OWN_TEXT + the alone bucket); where the prompt said them,
+    or where the match agrees on fewer than OWN_MATCH tokens, as a match."""
+    prompt = [1, 2, 3]
+    answer = [10, 11, 12, 13, 20, 21, 22, 10, 11]
+    own = PromptLookup(1, 4)
+    own.follow([*prompt, answer[0]])  # the answer starts at its first token
+    own.follow([*prompt, *answer])
+    (cont, evidence), = own.find(3, 4)
+    alone = MATCH + SUPPORT * 1
+    assert cont == [12, 13, 20]
+    assert evidence == tuple(OWN_TEXT + alone + length_bucket(OWN_MATCH + j) for j in range(3))
+
+    quoted = PromptLookup(1, 4)
+    quoting = [1, 10, 11, 12, 13, 20, 2]  # the prompt says them first
+    quoted.follow([*quoting, 30])
+    quoted.follow([*quoting, 30, 31, 32, 10, 11])
+    (cont, evidence), = quoted.find(3, 4)
+    assert cont == [12, 13, 20] and evidence == tuple(alone + length_bucket(2 + j) for j in range(3))
+
+    short = PromptLookup(1, 4)
+    short.follow([*prompt, 10])
+    short.follow([*prompt, 10, 11, 12, 30, 31, 32, 11])  # agrees on one token only
+    (cont, evidence), = short.find(3, 4)
+    assert cont == [12, 30, 31] and evidence == tuple(alone + length_bucket(1 + j) for j in range(3))
 
 
 def test_the_text_being_written_starts_after_each_prompt():

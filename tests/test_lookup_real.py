@@ -14,7 +14,7 @@ from llamaspec.cli import cli
 from llamaspec.acceptance_model import AcceptanceModel
 from llamaspec.candidates import Budget
 from llamaspec.errors import CacheFormatError
-from llamaspec.lookup import FRESH, MATCH, OWN_TEXT, LookupSource
+from llamaspec.lookup import FRESH, MATCH, OWN_MATCH, OWN_TEXT, SUPPORT, LookupSource
 from llamaspec.ngram_cache import NgramCache
 
 from conftest import QWEN, SMOL, chatml
@@ -75,24 +75,34 @@ def test_an_answer_opening_as_the_prompts_code_block_copies_from_it(qwen_plain):
 def test_an_answer_saying_its_own_phrases_again_copies_itself_as_such(qwen_plain):
     """The target's explanation of hash tables says its own phrases again (a hash table, the
     collisions): lookup's anchor moves into the answer, and its candidates there are rated as
-    the text copying itself (OWN_TEXT + the anchor's bucket), below a copy of the prompt."""
+    the text copying itself (OWN_TEXT + the anchor's bucket), below a copy of the prompt; so
+    are n-gram matches of at least OWN_MATCH tokens that only the answer went on like."""
     prompt = qwen_plain.tokenize(chatml("Explain in detail how a hash table works: hash functions, buckets, "
                                         "collision handling by chaining and by open addressing, load factor "
                                         "and resizing."))
     answer = qwen_plain.generate(prompt, max_tokens=128, temperature=0).tokens
     source = LookupSource(piece=qwen_plain.model.piece)
     greedy = SamplingConfig(temperature=0)
-    own = 0
+    own = own_matches = 0
     for k in range(1, len(answer)):
-        found = source.propose([*prompt, *answer[:k]], Budget(16), greedy, np.random.default_rng(0)).candidates
+        text = [*prompt, *answer[:k]]
+        found = source.propose(text, Budget(16), greedy, np.random.default_rng(0)).candidates
+        for cand in found:
+            if cand.evidence[0] >= OWN_TEXT + MATCH:  # a match the answer alone went on like
+                assert any(text[e - OWN_MATCH:e] == text[-OWN_MATCH:] and text[e] == cand.tokens[0]
+                           for e in range(len(prompt) + OWN_MATCH, len(text)))
+                own_matches += 1
         anchor = source.lookup.anchor
-        if anchor is None or not found or MATCH <= found[0].evidence[0] < OWN_TEXT:
+        if anchor is None or not found or found[0].evidence[0] % OWN_TEXT >= MATCH:
             continue  # no anchor, or it has nothing to copy: n-gram matches only
         in_answer = anchor.index == 0 and anchor.pos >= len(prompt)
         assert all((e >= OWN_TEXT) == in_answer for e in found[0].evidence)
         own += in_answer
-    assert own >= 5, qwen_plain.detokenize(answer)
-    assert AcceptanceModel().rate("lookup", OWN_TEXT + FRESH) < AcceptanceModel().rate("lookup", FRESH)
+    assert own >= 5 and own_matches >= 5, (own, own_matches, qwen_plain.detokenize(answer))
+    model = AcceptanceModel()
+    assert model.rate("lookup", OWN_TEXT + FRESH) < model.rate("lookup", FRESH)
+    alone = MATCH + SUPPORT + OWN_MATCH  # agreeing on OWN_MATCH tokens, nothing else going on so
+    assert model.rate("lookup", OWN_TEXT + alone) < model.rate("lookup", alone)
 
 
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
