@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Set, Tuple
 
 from .candidates import Outcome
-from .lookup import OWN_MATCH, OWN_TEXT
+from .lookup import MATCH, OWN_MATCH, OWN_TEXT, SUPPORT
 
 WEIGHT = 2.0
 DECAY = 0.98
@@ -53,19 +53,23 @@ _ANCHOR = {120: 0.85, 121: 0.9, 130: 0.97, 131: 0.97, 140: 0.85, 141: 0.9, 150: 
            80: 0.4, 81: 0.58, 82: 0.65, 83: 0.75, 84: 0.85, 85: 0.9,
            90: 0.02, 91: 0.5, 92: 0.7, 93: 0.8, 94: 0.85,
            100: 0.8, 101: 0.85, 102: 0.9, 103: 0.9, 104: 0.9, 105: 0.95}
-# lookup's n-gram matches: contested 200 .., alone 240 .., two alike 280 .., three or more 320 ..,
-# each + the length bucket of the agreement
-_MATCH = {**_table(200, {1: 0.1, 2: 0.1, 3: 0.07, 4: 0.2, 5: 0.15, 8: 0.1, 12: 0.5, 16: 0.4, 24: 0.5, 32: 0.5}),
-          **_table(240, {1: 0.28, 2: 0.38, 3: 0.6, 4: 0.6, 5: 0.6, 8: 0.65, 12: 0.75, 16: 0.8, 24: 0.85, 32: 0.85}),
-          **_table(280, {1: 0.45, 2: 0.65, 3: 0.7, 4: 0.75, 5: 0.75, 8: 0.8, 12: 0.85, 16: 0.85, 24: 0.9, 32: 0.9}),
-          **_table(320, {1: 0.7, 2: 0.7, 3: 0.85, 4: 0.85, 5: 0.85, 8: 0.9, 12: 0.9, 16: 0.9, 24: 0.9, 32: 0.9})}
+# lookup's n-gram matches: MATCH + SUPPORT * support + the length bucket of the agreement, support
+# contested (0, buckets 200 ..), alone (1, 240 ..), two alike (2, 280 ..), three or more (3, 320 ..)
+_MATCH = {**_table(MATCH, {1: 0.1, 2: 0.1, 3: 0.07, 4: 0.2, 5: 0.15, 8: 0.1, 12: 0.5, 16: 0.4, 24: 0.5, 32: 0.5}),
+          **_table(MATCH + SUPPORT, {1: 0.28, 2: 0.38, 3: 0.6, 4: 0.6, 5: 0.6, 8: 0.65, 12: 0.75, 16: 0.8,
+                                     24: 0.85, 32: 0.85}),
+          **_table(MATCH + 2 * SUPPORT, {1: 0.45, 2: 0.65, 3: 0.7, 4: 0.75, 5: 0.75, 8: 0.8, 12: 0.85, 16: 0.85,
+                                         24: 0.9, 32: 0.9}),
+          **_table(MATCH + 3 * SUPPORT, {1: 0.7, 2: 0.7, 3: 0.85, 4: 0.85, 5: 0.85, 8: 0.9, 12: 0.9, 16: 0.9,
+                                         24: 0.9, 32: 0.9})}
 # Copies of the text being written (lookup.OWN_TEXT + the anchor's buckets, and + an alone
 # match's of at least lookup.OWN_MATCH tokens): OWN_FACTOR of the prior (the ratio of their
 # acceptance to the prompt's over the recorded answers: 0.64 to 0.86 by kind for the anchor,
 # 0.66 for the matches)
 OWN_FACTOR = 0.75
 _OWN = {**{OWN_TEXT + b: OWN_FACTOR * p for b, p in _ANCHOR.items()},
-        **{OWN_TEXT + b: OWN_FACTOR * p for b, p in _MATCH.items() if 240 + OWN_MATCH <= b < 280}}
+        **{OWN_TEXT + b: OWN_FACTOR * p for b, p in _MATCH.items()
+           if MATCH + SUPPORT + OWN_MATCH <= b < MATCH + 2 * SUPPORT}}
 
 # source -> evidence bucket -> prior acceptance. Buckets not listed take DEFAULT[source].
 PRIORS: Dict[str, Dict[int, float]] = {
