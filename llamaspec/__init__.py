@@ -4,14 +4,25 @@
     >>> spec = llamaspec.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
     >>> result = spec.generate("def fib(n):", max_tokens=64, temperature=0)
     >>> result.text, result.stats.accept
+
+The package, layer by layer, in the order data flows through a step::
+
+    llama/     llama.cpp through its low-level API: models, contexts, vocabularies, chat templates
+    sources/   draft sources propose candidate tokens (lookup, n-gram caches, lookahead, a draft
+               model, sibling samples)
+    planning/  acceptance estimates and measured costs choose the token trie worth verifying
+    engine/    one llama_decode verifies it; exact acceptance; stops; many texts at once
+    api.py     LlamaSpec, the public Python API (completions.py: llama-cpp-python's dicts)
+    server/    the OpenAI-compatible HTTP server;  cli.py, repl.py: the command line
+    measure/   bench, compare, agreement, replays of recorded answers
 """
 
-from ._llama import ModelPool
-from .agreement import AgreementReport, CandidateAgreement, agreement
+from .llama.binding import ModelPool
+from .measure.agreement import AgreementReport, CandidateAgreement, agreement
 from .api import LlamaSpec, load
-from .batcher import Batcher
-from .scheduler import RequestStream
-from .generation import Chunk, Result, Stream
+from .engine.batcher import Batcher
+from .engine.scheduler import RequestStream
+from .engine.generation import Chunk, Result, Stream
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig)
 from .errors import (
@@ -26,8 +37,8 @@ from .errors import (
     UnknownModelError,
     VocabMismatchError,
 )
-from .models import cache_dir, default_pair, fetch, load_registry, resolve_model
-from .stats import SourceStats, Stats
+from .llama.models import cache_dir, default_pair, fetch, load_registry, resolve_model
+from .engine.stats import SourceStats, Stats
 
 __all__ = [
     "AgreementReport",

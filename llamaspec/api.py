@@ -8,28 +8,29 @@ import warnings
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from ._llama import Context, Model, ModelPool, max_sequences, supports_gpu_offload
-from .chat import ChatTemplate, Message, fit
-from . import completions, models
-from .acceptance_model import AcceptanceModel
-from .candidates import Source
+from .llama.binding import Context, Model, ModelPool, max_sequences, supports_gpu_offload
+from .llama.chat import ChatTemplate, Message, fit
+from . import completions
+from .llama import models
+from .planning.acceptance_model import AcceptanceModel
+from .sources.base import Source
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
-from .costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
-from .draft_model import DraftModelSource
-from .engine import Engine
+from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
+from .sources.draft_model import DraftModelSource
+from .engine.engine import Engine
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
-from .lookahead import LookaheadSource, check_fits
-from .lookup import LookupSource
-from .ngram_cache import CacheSource, NgramCaches
-from .planner import MAX_LEAVES, Planner
-from .speculator import Speculator
-from .consensus import ConsensusSource, Siblings
-from .lanes import BatchEngine, check_prompt
-from .scheduler import Request, RequestStream, Scheduler
-from .batcher import Batcher
-from .models import resolve_model
-from .generation import Result, Stream, last, make_config
-from .vocab import check_compatible
+from .sources.lookahead import LookaheadSource, check_fits
+from .sources.lookup import LookupSource
+from .sources.ngram_cache import CacheSource, NgramCaches
+from .planning.planner import MAX_LEAVES, Planner
+from .planning.speculator import Speculator
+from .sources.consensus import ConsensusSource, Siblings
+from .engine.lanes import BatchEngine, check_prompt
+from .engine.scheduler import Request, RequestStream, Scheduler
+from .engine.batcher import Batcher
+from .llama.models import resolve_model
+from .engine.generation import Result, Stream, last, make_config
+from .llama.vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]
 
@@ -64,7 +65,7 @@ class LlamaSpec:
         self.spec_name = spec.name if names else "plain"
         leaves, n_seq = MAX_LEAVES, 1 + MAX_LEAVES
         if "lookahead" in names:
-            n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, whole="lookahead" in spec.fixed)
+            n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, MAX_LEAVES, whole="lookahead" in spec.fixed)
             leaves = n_seq - 1 - lookahead.w
         self._scratch = n_seq - 1  # sequences a step's branches and lookahead's window may use
         # loaded once, shared by every text decoded (bad files: fail before loading any model)

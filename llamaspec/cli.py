@@ -17,26 +17,27 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import click
 
-from . import costs, models
-from ._llama import Model
-from .acceptance_model import AcceptanceModel
-from .agreement import agreement as agreement_run, format_report
+from .planning import costs
+from .llama import models
+from .llama.binding import Model
+from .planning.acceptance_model import AcceptanceModel
+from .measure.agreement import agreement as agreement_run, format_report
 from .api import MAX_SAMPLES, LlamaSpec
-from .bench import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
+from .measure import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig, default_threads)
-from .costs import CostCurve, CostModel, cached_curve
+from .planning.costs import CostCurve, CostModel, cached_curve
 from .errors import LlamaspecError, LlamaspecWarning
-from .generation import Result, make_config
-from .lookup import LookupSource
-from .ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
-from .planner import Planner
+from .engine.generation import Result, make_config
+from .sources.lookup import LookupSource
+from .sources.ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
+from .planning.planner import Planner
 from .repl import run_chat
-from .replay import copy_oracle, replay
-from .scheduler import aggregate, check_samples
-from .bench.samples import run_samples, table as samples_table
-from .speculator import Speculator
+from .measure.replay import copy_oracle, replay
+from .engine.scheduler import aggregate, check_samples
+from .measure.samples import run_samples, table as samples_table
+from .planning.speculator import Speculator
 
 
 class _OneLineErrors(click.Group):

@@ -17,9 +17,9 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError
-from .generation import Chunk, Result, Stream
-from .scheduler import RequestStream, aggregate
-from .stats import Stats
+from .engine.generation import Chunk, Result, Stream
+from .engine.scheduler import RequestStream, aggregate
+from .engine.stats import Stats
 
 Response = Dict[str, Any]
 

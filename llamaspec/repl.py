@@ -14,9 +14,9 @@ from typing import Callable, List, Optional, TextIO
 import click
 
 from .api import LlamaSpec
-from .chat import Message, drop_oldest_turns, new_messages
+from .llama.chat import Message, drop_oldest_turns, new_messages
 from .errors import LlamaspecError
-from .generation import Result
+from .engine.generation import Result
 
 HELP = """\
 /help   this text

@@ -26,8 +26,8 @@ from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
-from llamaspec import models  # noqa: E402
-from llamaspec.bench import load_suite  # noqa: E402
+from llamaspec.llama import models  # noqa: E402
+from llamaspec.measure import load_suite  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -13,7 +13,7 @@ from typing import List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
 from llamaspec.errors import LlamaspecError  # noqa: E402
-from llamaspec.models import fetch  # noqa: E402
+from llamaspec.llama.models import fetch  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -39,13 +39,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
 import llamaspec  # noqa: E402
-from llamaspec import models  # noqa: E402
-from llamaspec.acceptance_model import AcceptanceModel  # noqa: E402
-from llamaspec.bench.suite import greedy_answers  # noqa: E402
-from llamaspec.costs import CPU_CURVES, CostCurve, cached_curve  # noqa: E402
+from llamaspec.llama import models  # noqa: E402
+from llamaspec.planning.acceptance_model import AcceptanceModel  # noqa: E402
+from llamaspec.measure.suite import greedy_answers  # noqa: E402
+from llamaspec.planning.costs import CPU_CURVES, CostCurve, cached_curve  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
-from llamaspec._llama import Model  # noqa: E402
-from llamaspec.replay import copy_oracle, replay, speculator  # noqa: E402
+from llamaspec.llama.binding import Model  # noqa: E402
+from llamaspec.measure.replay import copy_oracle, replay, speculator  # noqa: E402
 
 # How far --jitter moves each cost of a copy of the curve (a standard deviation, relative).
 JITTER = 0.06

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
-from llamaspec import models  # noqa: E402
-from llamaspec._llama import QUANT_TYPES, quantize  # noqa: E402
+from llamaspec.llama import models  # noqa: E402
+from llamaspec.llama.binding import QUANT_TYPES, quantize  # noqa: E402
 from llamaspec.config import default_threads  # noqa: E402
 
 

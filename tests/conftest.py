@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import llamaspec
 from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
-from llamaspec._llama import Context, Model, ModelPool
+from llamaspec.llama.binding import Context, Model, ModelPool
 from llamaspec.cli import cli
 
 QWEN = "qwen2.5-coder-1.5b-instruct"

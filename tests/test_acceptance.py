@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec.acceptance import accept_probability, align, residual, walk_greedy, walk_sampled
-from llamaspec.candidates import Candidate
+from llamaspec.engine.acceptance import accept_probability, align, residual, walk_greedy, walk_sampled
+from llamaspec.sources.base import Candidate
 from llamaspec.sampling import Distribution, sample
-from llamaspec.trie import Trie
+from llamaspec.planning.trie import Trie
 
 N_DRAWS = 20000
 

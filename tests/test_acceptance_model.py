@@ -2,8 +2,8 @@
 
 import pytest
 
-from llamaspec.acceptance_model import MAX_RATE, AcceptanceModel
-from llamaspec.candidates import Candidate, Outcome
+from llamaspec.planning.acceptance_model import MAX_RATE, AcceptanceModel
+from llamaspec.sources.base import Candidate, Outcome
 
 
 def outcome(cands, emitted):

@@ -12,7 +12,7 @@ import pytest
 
 import llamaspec
 from llamaspec import SamplingConfig
-from llamaspec._llama import quantize
+from llamaspec.llama.binding import quantize
 
 from conftest import QWEN_DRAFT, THREADS, assert_one_line_error, run
 

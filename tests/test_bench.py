@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import ModelConfig, SpecConfig, costs
-from llamaspec._llama import Context
+from llamaspec import ModelConfig, SpecConfig
+
+from llamaspec.planning import costs
+from llamaspec.llama.binding import Context
 from llamaspec.api import LlamaSpec
-from llamaspec.bench import load_suite
-from llamaspec.bench.report import BenchReport, Row, check_shape, shape_of, validate
-from llamaspec.bench.run import rotated
+from llamaspec.measure import load_suite
+from llamaspec.measure.report import BenchReport, Row, check_shape, shape_of, validate
+from llamaspec.measure.run import rotated
 from llamaspec.errors import ConfigError
 
 
@@ -193,8 +195,8 @@ def test_costs_are_measured_on_text_and_one_token_is_timed_most(smol, pool, monk
 
 
 def test_draft_fixed_verifies_draft_max_tokens_every_step_and_is_not_a_default(smol, tmp_path):
-    from llamaspec.bench import BenchSettings
-    from llamaspec.bench.settings import default_strategies
+    from llamaspec.measure import BenchSettings
+    from llamaspec.measure.settings import default_strategies
     assert "draft-fixed" not in default_strategies(BenchSettings(smol, smol))
     out = tmp_path / "bench.json"
     result = run("bench", "-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "-n", "16", "--draft-max", "3",

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec._llama import weight_repacking
-from llamaspec.bench import compare
-from llamaspec.bench.compare import (PROGRAMS, CompareReport, Side, agreement, find_program, generated_text,
+from llamaspec.llama.binding import weight_repacking
+from llamaspec.measure import compare
+from llamaspec.measure.compare import (PROGRAMS, CompareReport, Side, agreement, find_program, generated_text,
                                      parse_summary)
-from llamaspec.bench.report import validate
+from llamaspec.measure.report import validate
 
 
 def validate_report(report):

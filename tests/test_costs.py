@@ -2,7 +2,7 @@
 
 import pytest
 
-from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 
 
 def test_costs_relative_to_one_target_token():

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy.stats import entropy
 
-from llamaspec.agreement import QUANT_VERDICTS, verdict
+from llamaspec.measure.agreement import QUANT_VERDICTS, verdict
 from llamaspec.config import SamplingConfig
-from llamaspec.costs import CostCurve, CostModel
-from llamaspec.divergence import compare, full_runs, speedups, tokens_per_step
+from llamaspec.planning.costs import CostCurve, CostModel
+from llamaspec.measure.divergence import compare, full_runs, speedups, tokens_per_step
 
 PLAIN_SOFTMAX = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 

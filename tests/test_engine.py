@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec.acceptance_model import AcceptanceModel
-from llamaspec.generation import Stream, make_config
-from llamaspec.candidates import Candidate, Outcome, Proposal
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.engine.generation import Stream, make_config
+from llamaspec.sources.base import Candidate, Outcome, Proposal
 from llamaspec.config import SamplingConfig
-from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
-from llamaspec.engine import Engine
-from llamaspec.lookup import LookupSource
-from llamaspec.planner import Limits, Planner
+from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.engine.engine import Engine
+from llamaspec.sources.lookup import LookupSource
+from llamaspec.planning.planner import Limits, Planner
 from llamaspec.sampling import sample, transform
-from llamaspec.speculator import Speculator
+from llamaspec.planning.speculator import Speculator
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of
 

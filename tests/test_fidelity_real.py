@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec._llama import weight_repacking
-from llamaspec.bench.compare import default_bin_dir, find_program, generated_text
+from llamaspec.llama.binding import weight_repacking
+from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
 
 from conftest import PROMPTS, QWEN, THREADS, chatml
 

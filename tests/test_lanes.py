@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec.candidates import Budget, Candidate
+from llamaspec.sources.base import Budget, Candidate
 from llamaspec.config import LookaheadConfig, SamplingConfig
-from llamaspec.consensus import ConsensusSource, Siblings, bucket, candidates
-from llamaspec.costs import CostCurve, CostModel
-from llamaspec.engine import Engine
+from llamaspec.sources.consensus import ConsensusSource, Siblings, bucket, candidates
+from llamaspec.planning.costs import CostCurve, CostModel
+from llamaspec.engine.engine import Engine
 from llamaspec.errors import ConfigError
-from llamaspec.generation import Stream, make_config
-from llamaspec.lanes import BatchEngine
-from llamaspec.lookahead import LookaheadSource
-from llamaspec.lookup import LookupSource
-from llamaspec.planner import Limits, Planner
-from llamaspec.scheduler import Request, Scheduler
-from llamaspec.acceptance_model import AcceptanceModel
-from llamaspec.speculator import Speculator
+from llamaspec.engine.generation import Stream, make_config
+from llamaspec.engine.lanes import BatchEngine
+from llamaspec.sources.lookahead import LookaheadSource
+from llamaspec.sources.lookup import LookupSource
+from llamaspec.planning.planner import Limits, Planner
+from llamaspec.engine.scheduler import Request, Scheduler
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.planning.speculator import Speculator
 
 from fakes import V, FakeContext, FakeModel, copying_prompt, fake_prompt, greedy_text, logits_of
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from llamaspec import ConfigError, LookaheadConfig, SamplingConfig
-from llamaspec.candidates import Budget, Outcome, length_bucket
-from llamaspec.lookahead import LookaheadSource, NgramPool, Window, check_fits
+from llamaspec.sources.base import Budget, Outcome, length_bucket
+from llamaspec.sources.lookahead import LookaheadSource, NgramPool, Window, check_fits
+from llamaspec.planning.planner import MAX_LEAVES
 
 
 # --- the pool ------------------------------------------------------------------------------
@@ -108,12 +109,12 @@ def test_config_refuses_bad_values(kwargs, fragment):
 ])
 def test_parameters_that_cannot_fit_are_refused(config, n_ctx, n_batch, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
-        check_fits(config, n_ctx, n_batch, whole=True)
+        check_fits(config, n_ctx, n_batch, MAX_LEAVES, whole=True)
 
 
 def test_llamas_own_parameters_fit_the_default_context_and_a_planned_window_fits_any():
-    assert check_fits(LookaheadConfig(15, 5, 15), 4096, 512, whole=True) == 31
-    assert check_fits(LookaheadConfig(), 32, 512) == 1 + 8 + 4  # the planner sizes each step to what fits
+    assert check_fits(LookaheadConfig(15, 5, 15), 4096, 512, MAX_LEAVES, whole=True) == 31
+    assert check_fits(LookaheadConfig(), 32, 512, MAX_LEAVES) == 1 + 8 + 4  # the planner sizes each step to what fits
 
 
 # --- the source ---------------------------------------------------------------------------

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
-from llamaspec.candidates import Budget, length_bucket
-from llamaspec.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_MATCH, OWN_TEXT, RESUMED, SUPPORT,
+from llamaspec.sources.base import Budget, length_bucket
+from llamaspec.sources.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_MATCH, OWN_TEXT, RESUMED, SUPPORT,
                               LookupSource, PromptLookup, TokenIndex)
-from llamaspec.ngram_cache import CacheSource, NgramCache, NgramCaches
+from llamaspec.sources.ngram_cache import CacheSource, NgramCache, NgramCaches
 
 GREEDY = SamplingConfig(temperature=0)
 

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from llamaspec import ConfigError, LookupConfig, SamplingConfig, Stats
 from llamaspec.cli import cli
-from llamaspec.acceptance_model import AcceptanceModel
-from llamaspec.candidates import Budget
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.sources.base import Budget
 from llamaspec.errors import CacheFormatError
-from llamaspec.lookup import FRESH, MATCH, OWN_MATCH, OWN_TEXT, SUPPORT, LookupSource
-from llamaspec.ngram_cache import NgramCache
+from llamaspec.sources.lookup import FRESH, MATCH, OWN_MATCH, OWN_TEXT, SUPPORT, LookupSource
+from llamaspec.sources.ngram_cache import NgramCache
 
 from conftest import QWEN, SMOL, chatml
 from test_engine_real import assert_kv_invariant

@@ -19,9 +19,9 @@ from typing import Dict, List
 
 import pytest
 
-from llamaspec import models
+from llamaspec.llama import models
 from llamaspec.errors import ConfigError, FetchError, ModelError, UnknownModelError
-from llamaspec.models import (
+from llamaspec.llama.models import (
     cache_dir,
     default_pair,
     fetch,
@@ -409,7 +409,7 @@ def test_cache_dir_platforms(tmp_path, monkeypatch):
 
 FETCH = """
 import sys
-from llamaspec.models import fetch, load_registry
+from llamaspec.llama.models import fetch, load_registry
 print(fetch("multi", cache=sys.argv[1], progress=False, registry=load_registry(sys.argv[2])))
 """
 

@@ -11,7 +11,7 @@ from typing import List, Optional
 import pytest
 
 from llamaspec.errors import CacheFormatError, ConfigError, LlamaspecError
-from llamaspec.ngram_cache import NgramCache, draft_from_caches
+from llamaspec.sources.ngram_cache import NgramCache, draft_from_caches
 
 def record(ngram: List[int], continuations: List[int]) -> bytes:
     """One record as common_ngram_cache_save writes it (little-endian int32)."""

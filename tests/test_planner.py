@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from llamaspec.candidates import Candidate, Rider
-from llamaspec.costs import REFERENCE_CPU, CostCurve, CostModel
-from llamaspec.planner import Limits, Planner, _nodes
+from llamaspec.sources.base import Candidate, Rider
+from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
+from llamaspec.planning.planner import Limits, Planner, _nodes
 from llamaspec.sampling import Distribution
 
 ROOMY = Limits(max_depth=64, max_rows=512, room=1000, max_leaves=8)

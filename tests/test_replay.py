@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec.costs import FLATTER_CPU, REFERENCE_CPU, STEEP_CPU, CostCurve
-from llamaspec.replay import copy_oracle, replay, speculator
+from llamaspec.planning.costs import FLATTER_CPU, REFERENCE_CPU, STEEP_CPU, CostCurve
+from llamaspec.measure.replay import copy_oracle, replay, speculator
 
 ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text())
 MORE = json.loads((Path(__file__).parent / "data" / "more_answers.json").read_text())

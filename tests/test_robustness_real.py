@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import LlamaSpec, LlamaspecError, ModelConfig, PromptError, costs
-from llamaspec.costs import REFERENCE_CPU, CostCurve
+from llamaspec import LlamaSpec, LlamaspecError, ModelConfig, PromptError
+
+from llamaspec.planning import costs
+from llamaspec.planning.costs import REFERENCE_CPU, CostCurve
 from llamaspec.errors import StreamClosedError
 
 from conftest import QWEN, QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
@@ -200,7 +202,7 @@ def test_a_draft_measured_slower_than_its_target_is_measured_again(model_file, p
 def test_q4_k_weights_decode_a_verify_batch_in_a_fresh_process(model_file):
     """In a process of its own, so a crash fails this test alone: llama.cpp's AMX kernels crash on
     Q4_K weights (both Qwen files) in the first decode; llamaspec loads them without repacking then."""
-    code = ("import sys; from pathlib import Path; from llamaspec._llama import Context, Model; "
+    code = ("import sys; from pathlib import Path; from llamaspec.llama.binding import Context, Model; "
             "c = Context(Model(Path(sys.argv[1])), n_ctx=256, n_threads=2); "
             "c.eval(list(range(100, 116)), logits='all'); print(int(c.logits(16).argmax(axis=1).size))")
     done = subprocess.run([sys.executable, "-c", code, str(model_file(QWEN_DRAFT))], capture_output=True, text=True,

@@ -11,15 +11,15 @@ import pytest
 
 from llamaspec import ConfigError, LookupConfig
 from llamaspec.config import SamplingConfig
-from llamaspec.consensus import ConsensusSource
-from llamaspec.generation import make_config
-from llamaspec.lanes import BatchEngine
-from llamaspec.lookup import LookupSource
-from llamaspec.ngram_cache import NgramCache
-from llamaspec.planner import Planner
+from llamaspec.sources.consensus import ConsensusSource
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.lanes import BatchEngine
+from llamaspec.sources.lookup import LookupSource
+from llamaspec.sources.ngram_cache import NgramCache
+from llamaspec.planning.planner import Planner
 from llamaspec.sampling import Uniforms, sample_at, transform
-from llamaspec.scheduler import Request, Scheduler
-from llamaspec.stats import sum_sources
+from llamaspec.engine.scheduler import Request, Scheduler
+from llamaspec.engine.stats import sum_sources
 
 from conftest import PROMPTS, SMOL, assert_one_line_error, chatml, run
 from test_engine_real import assert_kv_invariant

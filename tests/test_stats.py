@@ -1,5 +1,5 @@
 from llamaspec import Stats
-from llamaspec.engine import Step
+from llamaspec.engine.engine import Step
 
 
 def test_record_step_counts_by_position_and_by_source():

@@ -1,4 +1,4 @@
-from llamaspec.text import TextStream
+from llamaspec.engine.text import TextStream
 
 
 def feed(stream, pieces):

@@ -1,9 +1,9 @@
 """Candidates merged into a token trie and its batch layout (no model)."""
 
-import llamaspec.trie as trie_module
-from llamaspec.candidates import Candidate
+import llamaspec.planning.trie as trie_module
+from llamaspec.sources.base import Candidate
 from llamaspec.sampling import Distribution
-from llamaspec.trie import Trie, describe
+from llamaspec.planning.trie import Trie, describe
 
 NAMES = {0: "I", 1: "a", 2: "b", 3: "c", 4: "d", 5: "e"}
 EXAMPLE = [Candidate((1, 2, 3), "lookup", (1, 1, 1)), Candidate((1, 4), "lookahead", (1, 1)),

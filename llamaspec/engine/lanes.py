@@ -1,0 +1,297 @@
+"""Several texts decoded together: every step, one llama_decode carries every live lane's rows.
+
+A lane is one text on its own KV-cache sequence, its *home* (lane i: sequence i). Between
+steps a decoding lane's home holds exactly ``tokens[:-1]`` (its last token is pending), a lane
+reading its prompt holds the part read so far, and the scratch sequences (numbered from the
+lane count up) hold nothing. One step::
+
+    a lane reading its prompt adds the next chunk of it
+    for each decoding lane, in turn:
+        plan = its speculator's plan, its rows costing what they add to the rows before them
+    target.decode(every lane's rows)                       # ONE llama_decode
+    for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
+    empty the scratch sequences, trim every home           # BatchEngine._trim, the only place
+
+Three lanes in one batch: lane 0 verifies the trie ``I ─ a ─ b`` with the branch ``└ c`` (on
+scratch sequence 3), lane 1 decodes its pending token ``J`` plainly, lane 2 reads the last
+three tokens of its prompt (``n``, ``m``, ``k``: the positions of the pending tokens and of the
+chunk's first token)::
+
+    row      0    1    2    3    4    5    6    7
+    lane     2    2    2    0    0    0    0    1
+    token    p    q    r    I    a    b    c    J
+    pos      k    k+1  k+2  n    n+1  n+2  n+1  m
+    seq 0    .    .    .    x    x    x    .    .
+    seq 1    .    .    .    .    .    .    .    x
+    seq 2    x    x    x    .    .    .    .    .
+    seq 3    .    .    .    x    .    .    x    .
+    logits   .    .    x    x    x    x    x    x
+
+A lane's plan may carry lookahead's window (a rider): its rows follow the lane's trie rows, on
+scratch sequences after the branches', when the lanes planned before left enough of them free;
+otherwise the window waits for a later step.
+
+The samples of one prompt form a group: its first lane reads the prompt, then every other
+lane's home shares those cells (seq_cp adds a sequence id to a cell; nothing is copied) and
+each lane draws its first token from the same last row with its own random stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..llama.binding import Context
+from ..config import SamplingConfig
+from .engine import Step, settle, walk
+from ..errors import DecodeError, PromptError
+from ..planning.planner import MAX_LEAVES, Limits
+from ..sampling import sample_at, transform
+from ..sequences import common_prefix
+from ..planning.speculator import Speculator
+
+# Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
+# delays them by a fraction of a second, not by its whole evaluation).
+PREFILL_CHUNK = 64
+
+Uniform = Callable[[int], float]
+
+
+def check_prompt(n_prompt: int, limit: int) -> None:
+    """PromptError unless a prompt of ``n_prompt`` tokens leaves room to generate on a lane of ``limit``."""
+    if n_prompt >= limit:
+        raise PromptError(f"the prompt has {n_prompt} tokens but the context holds {limit} per sequence; "
+                          f"raise the context size (-c) or shorten the prompt")
+
+
+@dataclass(eq=False)
+class Lane:
+    """One text. ``cached``: what its home sequence holds; ``limit``: the positions it may use;
+    ``left``: tokens it may still emit. ``state``: "idle", "prompt" (reading its prompt),
+    "waiting" (a group's other lane, until the first has read the prompt), "decoding"."""
+
+    home: int
+    cached: List[int] = field(default_factory=list)
+    tokens: List[int] = field(default_factory=list)
+    state: str = "idle"
+    group: List[int] = field(default_factory=list)  # the lanes that share this lane's prompt (the first reads it)
+    speculator: Optional[Speculator] = None
+    sampling: SamplingConfig = SamplingConfig()
+    rng: Optional[np.random.Generator] = None
+    uniform: Optional[Uniform] = None
+    left: int = 0
+    limit: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state == "decoding" and self.left > 0 and len(self.tokens) <= self.limit
+
+
+class BatchEngine:
+    """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch."""
+
+    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES) -> None:
+        if n_lanes > target.n_seq_max:
+            raise DecodeError(f"{n_lanes} lanes need {n_lanes} KV-cache sequences, the context has {target.n_seq_max}")
+        self.target = target
+        self.lanes = [Lane(i) for i in range(n_lanes)]
+        self.scratch = list(range(n_lanes, target.n_seq_max))
+        self.max_leaves = max_leaves
+        self._turn = 0  # which lane plans first (turns rotate, so no lane always gets the rows left over)
+
+    def adopt(self, lane: int, tokens: Sequence[int]) -> None:
+        """Lane ``lane``'s home already holds ``tokens`` (a context's sequence 0 before batching)."""
+        self.lanes[lane].cached = list(tokens)
+
+    def release(self) -> List[int]:
+        """Hand the context back to one-sequence decoding: every home but lane 0's is emptied and
+        sequence 0 is the context's text again. Returns lane 0's text (sequence 0 holds a prefix of
+        it but its last token)."""
+        for ln in self.lanes[1:]:
+            self.target.seq_rm(ln.home, -1, -1)
+            ln.cached, ln.state = [], "idle"
+        first = self.lanes[0]
+        self.target.tokens = list(first.cached)
+        return list(first.tokens)
+
+    def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
+              sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
+              limit: int) -> int:
+        """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
+        prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
+        positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms)."""
+        check_prompt(len(prompt), limit)
+        first = self.lanes[lanes[0]]
+        keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
+        for i, index in enumerate(lanes):
+            lane = self.lanes[index]
+            if lane.state != "idle":
+                raise DecodeError(f"lane {index} is busy")
+            lane.cached = lane.cached[:keep] if i == 0 else []
+            self.target.seq_rm(lane.home, len(lane.cached), -1)
+            lane.tokens = list(prompt)
+            lane.state = "prompt" if i == 0 else "waiting"
+            lane.group = list(lanes)
+            lane.speculator = speculators[i]
+            lane.sampling = sampling
+            lane.rng, lane.uniform = seeds[i]
+            lane.left, lane.limit = max_new, limit
+        return len(prompt) - keep
+
+    def stop(self, lane: int, keep: Optional[int] = None) -> None:
+        """Lane ``lane`` leaves the batch, its text cut to ``keep`` tokens (its home keeps what it
+        holds of them, for a later prompt that starts alike)."""
+        ln = self.lanes[lane]
+        if keep is not None:
+            del ln.tokens[keep:]
+        if ln.state in ("prompt", "waiting"):
+            for other in ln.group:  # a group whose prompt is not read stops together
+                self.lanes[other].state = "idle"
+        ln.state = "idle"
+        self._trim([ln])
+
+    def step(self) -> List[Tuple[int, Step]]:
+        """One decode for every lane with work; returns (lane, Step) for each lane that emitted
+        tokens (the lanes of a group whose prompt was just read each emit their first)."""
+        target = self.target
+        rows: List[Tuple[int, int, Tuple[int, ...], bool]] = []
+        n_out = 0
+        live = [ln for ln in self.lanes if ln.live]
+        reading = [ln for ln in self.lanes if ln.state == "prompt"]
+        committed = len(live)  # every live lane's pending token
+        free = list(self.scratch)
+        used: List[int] = []
+        emitted: List[Tuple[int, Step]] = []
+        touched = live + reading
+        try:
+            chunks = []
+            for ln in reading:
+                room = target.n_batch - committed
+                take = min(len(ln.tokens) - len(ln.cached), room if not live else min(room, PREFILL_CHUNK))
+                if take <= 0:
+                    continue
+                start = len(ln.cached)
+                last = start + take == len(ln.tokens)
+                for i, token in enumerate(ln.tokens[start:start + take]):
+                    rows.append((token, start + i, (ln.home,), last and i == take - 1))
+                chunks.append((ln, take, n_out if last else -1))
+                n_out += last
+                committed += take
+            plans = []
+            order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
+            self._turn += 1
+            for ln in order:
+                t0 = time.perf_counter()
+                room = ln.limit - len(ln.tokens)
+                limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
+                                room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
+                plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
+                layout = plan.trie.layout()
+                mine, seqs, n_trie, n_rider = self._lay_out(ln, plan, layout, free)
+                used += seqs[1:]
+                rows += mine
+                plans.append((ln, plan, layout, seqs, n_out, n_trie, n_rider, len(mine), time.perf_counter() - t0))
+                n_out += n_trie + n_rider
+                committed += len(mine) - 1
+            if not rows:
+                return []
+            busy = target.t_llama
+            target.decode_rows(rows)
+            costs = plans[0][0].speculator.costs if plans else None
+            if costs is not None:
+                costs.observe("target", len(rows), target.t_llama - busy)
+            logits = target.logits(n_out)
+            for ln, take, row in chunks:
+                ln.cached += ln.tokens[len(ln.cached):len(ln.cached) + take]
+                if row >= 0:
+                    emitted += self._first_tokens(ln, logits[row])
+            step_cost = costs.verify(len(rows)) if costs is not None else 0.0
+            for ln, plan, layout, seqs, out, n_trie, n_rider, n_rows, t_plan in plans:
+                window = logits[out + n_trie:out + n_trie + n_rider]
+                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if n_rider else None
+                emitted.append((ln.home, self._settle(ln, plan, layout, seqs, logits[out:], rider_tokens, t_plan,
+                                                      step_cost * n_rows / len(rows))))
+        finally:
+            for s in used:
+                target.seq_rm(s, -1, -1)
+            self._trim(touched)
+        return emitted
+
+    def _lay_out(self, ln: Lane, plan, layout, free: List[int]):
+        """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``
+        scratch sequences are left (those it takes are removed), its window. Returns (rows, the
+        sequences used, home first, output rows of the trie and of the window)."""
+        n = len(ln.tokens)
+        local = list(layout.rows)
+        n_seqs = layout.n_seqs
+        n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
+        n_rider = 0
+        rider = plan.rider
+        if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
+            rider = None  # the lanes before took the scratch sequences: the window waits
+        if rider is not None:  # its columns: sequences after the branches'
+            local += rider.after(n_seqs)
+            n_seqs += rider.n_seqs
+            n_rider = sum(1 for row in rider.rows if row[3])
+        seqs = [ln.home] + free[:n_seqs - 1]
+        del free[:n_seqs - 1]
+        for s in seqs[1:]:
+            self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
+        rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
+        rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
+        return rows, seqs, n_trie, n_rider
+
+    def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
+        """The group's prompt is read: every lane of it shares the cells and draws its first token."""
+        out = []
+        n = len(first.tokens)
+        for index in first.group:
+            ln = self.lanes[index]
+            if ln is not first:
+                if ln.state != "waiting":
+                    continue
+                self.target.seq_rm(ln.home, -1, -1)
+                self.target.seq_cp(first.home, ln.home, -1, -1)
+                ln.cached = list(first.cached)
+            if ln.left <= 0:
+                ln.state = "decoding"
+                continue
+            token = int(row.argmax()) if ln.sampling.greedy else sample_at(transform(row, ln.sampling), ln.uniform(n))
+            ln.tokens.append(token)
+            ln.left -= 1
+            ln.state = "decoding"
+            out.append((ln.home, Step([token])))
+        return out
+
+    def _settle(self, ln: Lane, plan, layout, seqs: List[int], logits: np.ndarray,
+                rider_tokens: Optional[Tuple[int, ...]], t_plan: float, cost: float) -> Step:
+        """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
+        from the target's greedy tokens at its rows, when it rode)."""
+        n = len(ln.tokens)
+        trie = plan.trie
+        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth))
+        accepted = [trie.token[v] for v in path]
+        ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
+        if path:
+            keep = seqs[layout.seq[path[-1]]]
+            if keep != ln.home:
+                m = len(ln.cached)
+                self.target.seq_rm(ln.home, m, -1)
+                self.target.seq_cp(keep, ln.home, m, m + len(accepted))
+            ln.cached += accepted
+        ln.tokens += accepted + [token]
+        ln.left -= len(accepted) + 1
+        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, t_plan, cost)
+        ln.speculator.learn(outcome)
+        return step
+
+    def _trim(self, lanes: Sequence[Lane]) -> None:
+        # A lane's home must hold a prefix of its text before the pending token; whatever lies
+        # past that is dropped here (rejected rows, a decode that failed, a cut text).
+        for ln in lanes:
+            keep = common_prefix(ln.cached, ln.tokens[:max(len(ln.tokens) - 1, 0)])
+            del ln.cached[keep:]
+            self.target.seq_rm(ln.home, keep, -1)

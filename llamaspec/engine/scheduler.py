@@ -1,0 +1,317 @@
+"""Requests decoded together: each request is a prompt and n samples, on lanes of one BatchEngine.
+
+    request = Request(prompt, config, n)
+    scheduler.submit(request)          # waits (first come, first served) for n idle lanes
+    scheduler.step()                   # admit what fits, one BatchEngine step, route the chunks
+    request.events                     # (sample index, Chunk) as they come; each sample's last
+                                       # chunk carries its Result
+
+Any thread may submit and cancel; one thread steps. A request joins at the next step and
+leaves as soon as its last sample stops, so the others never wait for it. Its samples share
+their prompt (read once) and draft from each other (``consensus.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..planning.acceptance_model import AcceptanceModel
+from ..sources.base import Source
+from ..config import GenerationConfig
+from ..sources.consensus import Siblings
+from ..errors import ConfigError, LlamaspecError, StreamClosedError
+from .generation import Chunk, Collector, Result, Vocabulary, seed_of
+from .lanes import BatchEngine
+from ..planning.planner import Planner
+from ..sampling import Uniforms
+from ..planning.speculator import Speculator
+from ..sequences import common_prefix
+from .stats import SourceStats, Stats, sum_sources
+
+# The sources of sample i of a request: (its group's siblings, i) -> sources.
+SourceFactory = Callable[[Siblings, int], List[Source]]
+
+
+class Request:
+    """A prompt to sample ``n`` times. ``events`` receives (sample, Chunk); ``results`` fill in
+    as samples end; ``done`` is set once every sample has."""
+
+    def __init__(self, prompt: Sequence[int], config: GenerationConfig, n: int = 1, strategy: str = "plain") -> None:
+        check_samples(n, config)
+        self.prompt, self.config, self.n, self.strategy = list(prompt), config, n, strategy
+        self.events: "queue.SimpleQueue[Tuple[int, Chunk]]" = queue.SimpleQueue()
+        self.results: List[Optional[Result]] = [None] * n
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.cancelled = False
+
+
+class RequestStream:
+    """The (sample, Chunk) events of one request as they come; each sample's last chunk carries
+    its Result, and ``results`` holds them once the stream ends. ``close()`` ends the request
+    early (its samples: what they had, stop reason "interrupted").
+
+    Either this reader makes progress itself (``step``: one scheduler step, under ``lock``, when
+    no event waits) or a thread that steps the scheduler does (``step`` None: reading waits for
+    it). ``end`` runs once, when the request is over."""
+
+    WAIT = 60.0  # seconds close() waits for a stepping thread to drop the request
+
+    def __init__(self, request: Request, cancel: Callable[[Request], None],
+                 step: Optional[Callable[[], None]] = None, end: Callable[[], None] = lambda: None,
+                 lock: Optional[ContextManager] = None) -> None:
+        self.request = request
+        self._cancel, self._step, self._end = cancel, step, end
+        self._lock = lock if lock is not None else contextlib.nullcontext()
+        self._left = request.n  # samples whose last chunk has not been read
+        self._ended = False
+        self._closed: Optional[str] = None
+
+    def __iter__(self) -> "RequestStream":
+        return self
+
+    def __next__(self) -> Tuple[int, Chunk]:
+        with self._lock:
+            if self._closed:
+                raise StreamClosedError(self._closed)
+            if self._left == 0:
+                self._finish()
+                if self.request.error is not None:
+                    raise self.request.error
+                raise StopIteration
+            try:
+                while self._step is not None and self.request.events.empty():
+                    self._step()
+            except BaseException:  # every sample of this request has ended with it
+                self._left = 0
+                self._finish()
+                raise
+            index, chunk = self.request.events.get()
+            if chunk.result is not None:
+                self._left -= 1
+            return index, chunk
+
+    @property
+    def results(self) -> List[Result]:
+        return [r for r in self.request.results if r is not None]
+
+    @property
+    def done(self) -> bool:
+        """The request is over and its lanes are handed back."""
+        return self._ended
+
+    def close(self, reason: str = "") -> None:
+        """End the request now. With ``reason``, reading on raises StreamClosedError(reason)."""
+        with self._lock:
+            if not self.request.done.is_set():
+                self._cancel(self.request)
+                if self._step is not None:
+                    while not self.request.done.is_set():
+                        self._step()
+                else:
+                    self.request.done.wait(self.WAIT)
+                if reason:
+                    self._closed = reason
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._end()
+
+
+def check_samples(n: int, config: GenerationConfig) -> None:
+    """ConfigError unless ``n`` samples can be drawn with ``config``."""
+    if n < 1:
+        raise ConfigError(f"the number of samples must be >= 1, got {n}")
+    if n > 1 and config.sampling.greedy:
+        raise ConfigError(f"{n} samples at temperature 0 would all be the same text; sample with a temperature "
+                          f"above 0 or ask for one")
+
+
+@dataclass
+class _Sample:
+    request: Request
+    index: int
+    lane: int
+    collector: Collector
+    sources: List[Source]
+    admitted: float  # perf_counter when the request joined
+
+
+class Scheduler:
+    """Runs requests on a BatchEngine. ``limit``: the positions one lane may use; ``cells``:
+    the KV cells of the whole context (a request of n samples may use n lanes' share)."""
+
+    def __init__(self, engine: BatchEngine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
+                 cells: int, limit: int) -> None:
+        self.engine, self.vocab, self.sources, self.planner = engine, vocab, sources, planner
+        self.model = AcceptanceModel()  # shared: every sample teaches every other
+        self.cells, self.limit = cells, limit
+        self._inbox: "queue.SimpleQueue[Request]" = queue.SimpleQueue()
+        self._waiting: Deque[Request] = deque()
+        self._samples: Dict[int, _Sample] = {}  # lane -> sample on it
+        self._cancelled: "queue.SimpleQueue[Request]" = queue.SimpleQueue()
+
+    @property
+    def n_lanes(self) -> int:
+        return len(self.engine.lanes)
+
+    def submit(self, request: Request) -> None:
+        if request.n > self.n_lanes:
+            raise ConfigError(f"{request.n} samples need {request.n} sequences decoded together; at most "
+                              f"{self.n_lanes} here")
+        self._inbox.put(request)
+
+    def cancel(self, request: Request) -> None:
+        """Stop ``request`` at the next step (its results: stop reason "interrupted")."""
+        request.cancelled = True
+        self._cancelled.put(request)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._samples or self._waiting or not self._inbox.empty())
+
+    def step(self) -> None:
+        """Admit waiting requests that fit, then one decode of every lane with work."""
+        while not self._cancelled.empty():
+            self._drop(self._cancelled.get())
+        while not self._inbox.empty():
+            self._waiting.append(self._inbox.get())
+        while self._waiting and self._admit(self._waiting[0]):
+            self._waiting.popleft()
+        if not self._samples:
+            return
+        try:
+            steps = self.engine.step()
+        except BaseException as e:  # the caches are consistent again; every request on them fails
+            for sample in list(self._samples.values()):
+                sample.request.error = e
+                self._finish(sample, "interrupted")
+            raise
+        for lane, step in steps:
+            sample = self._samples[lane]
+            if sample.collector.stats.n_target_calls == 0:  # its first token: the prompt is read
+                sample.collector.stats.t_prompt = time.perf_counter() - sample.admitted
+                sample.collector.clock()
+            chunk, kept = sample.collector.take(step)
+            ln = self.engine.lanes[lane]
+            if kept < len(step.tokens):  # drop what the step accepted past the stop
+                self.engine.stop(lane, len(ln.tokens) - len(step.tokens) + kept)
+            sample.request.events.put((sample.index, chunk))
+            if sample.collector.stop_reason == "stop":
+                self._finish(sample, "stop")
+            elif not ln.live:
+                self._finish(sample, "context" if len(ln.tokens) > ln.limit else "length")
+
+    def run(self, request: Request) -> None:
+        """Submit ``request`` and step until it is done (for a caller that owns the scheduler)."""
+        self.submit(request)
+        while not request.done.is_set():
+            self.step()
+        if request.error is not None:
+            raise request.error
+
+    def _admit(self, request: Request) -> bool:
+        idle = [ln for ln in self.engine.lanes if ln.state == "idle" and ln.home not in self._samples]
+        if len(idle) < request.n:
+            return False
+        if request.cancelled:
+            self._cancel_waiting(request)
+            return True
+        # the lane whose cache holds most of the prompt reads it
+        idle.sort(key=lambda ln: -common_prefix(ln.cached, request.prompt))
+        lanes = [ln.home for ln in idle[:request.n]]
+        p = len(request.prompt)
+        share = self.cells * request.n // self.n_lanes
+        limit = min(self.limit, p + (share - p) // request.n)
+        siblings = Siblings(request.n, p)
+        config = request.config
+        seed = seed_of(config.sampling)
+        max_new = config.max_tokens if config.max_tokens >= 0 else limit
+        t0 = time.perf_counter()
+        try:
+            speculators = [Speculator(self.sources(siblings, i), self.model, self.planner, self.vocab.eog_tokens)
+                           for i in range(request.n)]
+            seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
+            n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit)
+        except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
+            request.error = e
+            self._cancel_waiting(request)
+            return True
+        for i, lane in enumerate(lanes):
+            stats = Stats(strategy=request.strategy, seed=None if config.sampling.greedy else seed + i,
+                          n_prompt=p, n_prompt_eval=n_eval if i == 0 else 0)
+            self._samples[lane] = _Sample(request, i, lane, Collector(self.vocab, config, stats),
+                                          speculators[i].sources, t0)
+        return True
+
+    def close(self) -> None:
+        """Stop every request, running or waiting (their results: stop reason "interrupted")."""
+        while not self._inbox.empty():
+            self._waiting.append(self._inbox.get())
+        for request in list(self._waiting) + [s.request for s in self._samples.values()]:
+            self._drop(request)
+
+    def _cancel_waiting(self, request: Request) -> None:
+        for i in range(request.n):
+            stats = Stats(strategy=request.strategy, stop_reason="interrupted")
+            request.results[i] = Result("", [], "interrupted", stats)
+            request.events.put((i, Chunk("", [], 0, request.results[i])))
+        request.done.set()
+
+    def _drop(self, request: Request) -> None:
+        if request in self._waiting:
+            self._waiting.remove(request)
+            self._cancel_waiting(request)
+            return
+        for sample in [s for s in self._samples.values() if s.request is request]:
+            self._finish(sample, "interrupted")
+
+    def _finish(self, sample: _Sample, reason: str) -> None:
+        """Sample ``sample`` ends: its lane leaves the batch, its last chunk carries its result."""
+        del self._samples[sample.lane]
+        self.engine.stop(sample.lane)
+        collector = sample.collector
+        if collector.stop_reason != "stop":
+            collector.stop_reason = reason
+        result = collector.result()
+        for source in sample.sources:
+            result.stats.sources.setdefault(source.name, SourceStats())  # every source is listed, verified or not
+            try:
+                source.finish(self.engine.lanes[sample.lane].tokens)
+            except LlamaspecError as e:  # the text is complete: report, do not lose it
+                result.warnings.append(str(e))
+        request = sample.request
+        request.results[sample.index] = result
+        request.events.put((sample.index, collector.tail()))
+        if all(r is not None for r in request.results):
+            request.done.set()
+
+
+def aggregate(results: Sequence[Result]) -> Stats:
+    """One Stats for several samples decoded together: tokens summed, ``t_decode`` the wall time
+    from their first token to the last one's end (so ``decode_tps`` is all generated tokens over
+    it), per-source counts summed."""
+    total = Stats(strategy=results[0].stats.strategy if results else "plain")
+    for r in results:
+        s = r.stats
+        total.n_prompt = max(total.n_prompt, s.n_prompt)
+        total.n_prompt_eval += s.n_prompt_eval
+        total.t_prompt = max(total.t_prompt, s.t_prompt)
+        total.n_predict += s.n_predict
+        total.n_drafted += s.n_drafted
+        total.n_accept += s.n_accept
+        total.n_target_calls = max(total.n_target_calls, s.n_target_calls)
+        total.t_plan += s.t_plan
+        total.t_decode = max(total.t_decode, s.t_decode)
+    total.sources = sum_sources(r.stats for r in results)
+    return total

@@ -1,0 +1,496 @@
+"""The one module that calls llama.cpp: models, contexts, batches, the KV cache.
+
+Everything else in llamaspec works with the small classes here and never touches ctypes.
+Only llama-cpp-python's public low-level API (``llama_cpp.llama_cpp``) is used.
+Failures come back as llamaspec errors: a model that does not load raises ModelError,
+a failed ``llama_decode`` or a refused partial ``llama_memory_seq_rm`` raises DecodeError.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Deque, FrozenSet, List, Optional, Sequence, Tuple
+
+import gguf
+import numpy as np
+import llama_cpp.llama_cpp as ll
+
+from ..errors import DecodeError, ModelError
+
+# llama.cpp writes its log through one process-wide callback. We keep the last lines so a
+# failed load can say why, and print them only when LLAMASPEC_VERBOSE is set.
+_log_lines: Deque[str] = collections.deque(maxlen=50)
+_init_lock = threading.Lock()
+_initialized = False
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    _log_lines.append(line)
+    if os.environ.get("LLAMASPEC_VERBOSE"):
+        sys.stderr.write(line)
+
+
+def _ensure_backend() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _initialized = True
+
+
+def _log_error() -> str:
+    """The first error llama.cpp logged since the log was cleared (the root cause), unprefixed."""
+    for line in _log_lines:
+        if "error" in line.lower() or "failed" in line.lower():
+            return line.strip().split(": ", 1)[-1].replace("error loading model: ", "")
+    return ""
+
+
+def check_gguf(path: Path) -> None:
+    """Raise ModelError unless ``path`` is a file that starts like a GGUF file (reads 4 bytes)."""
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if len(magic) < 4 or struct.unpack("<I", magic)[0] != gguf.GGUF_MAGIC:
+        raise ModelError(f"not a GGUF file (it starts with {magic!r}): {path}")
+
+
+def _load_failure(path: Path) -> str:
+    """Why llama.cpp refused a file that starts like GGUF, from its log."""
+    reason = _log_error()
+    if any(word in reason for word in ("bounds", "incomplete", "failed to read")):
+        return f"truncated or corrupt GGUF file {path} ({path.stat().st_size} bytes): {reason}"
+    return f"failed to load model {path}: {reason or 'llama.cpp could not load it'}"
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    _ptr = None
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0, vocab_only: bool = False) -> None:
+        """Load ``path``; with ``vocab_only`` only the tokenizer (fast, no weights)."""
+        _ensure_backend()
+        check_gguf(path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
+        params.vocab_only = vocab_only
+        params.use_extra_bufts = weight_repacking()
+        _log_lines.clear()
+        ptr = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not ptr:
+            raise ModelError(_load_failure(path))
+        self.path = path
+        self.n_gpu_layers = n_gpu_layers
+        self._ptr = ptr
+        self._vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
+        self._pieces: dict = {}
+        self._eog: Optional[FrozenSet[int]] = None
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- metadata -------------------------------------------------------------------
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> Optional[str]:
+        tmpl = ll.llama_model_chat_template(self._ptr, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def meta(self, key: str) -> Optional[str]:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    # --- vocabulary -----------------------------------------------------------------
+    @property
+    def vocab_type(self) -> int:
+        return ll.llama_vocab_type(self._vocab)
+
+    @property
+    def bos(self) -> int:
+        return ll.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self) -> int:
+        return ll.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_eos(self._vocab))
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def eog_tokens(self) -> FrozenSet[int]:
+        """Every token that ends a generation (found once: 0.06 s for a 150k vocabulary)."""
+        if self._eog is None:
+            self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token, special tokens rendered as text (as llama.cpp's programs print)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+class ModelPool:
+    """Loaded models that several owners share, so each file's weights are mapped once.
+
+    ``get`` returns the model of a file (loading it the first time) and counts the owner;
+    ``release`` forgets one owner and frees the model with the last.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict = {}  # (path, n_gpu_layers) -> [Model, owners]
+
+    def get(self, path: Path, n_gpu_layers: int = 0) -> "Model":
+        with self._lock:
+            key = (Path(path).resolve(), n_gpu_layers)
+            if key not in self._models:
+                self._models[key] = [Model(path, n_gpu_layers), 0]
+            self._models[key][1] += 1
+            return self._models[key][0]
+
+    def release(self, model: "Model") -> None:
+        with self._lock:
+            for key, entry in list(self._models.items()):
+                if entry[0] is model:
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._models[key]
+                        model.close()
+                    return
+
+
+# One batch row of another sequence: (token, position offset, sequence ids, logits?).
+Row = Tuple[int, int, Sequence[int], bool]
+
+
+class Batch:
+    """A llama_batch with numpy views on its arrays, filled without per-token ctypes calls."""
+
+    _b = None
+
+    def __init__(self, capacity: int, n_seq_max: int = 1) -> None:
+        self.capacity = capacity
+        self._b = ll.llama_batch_init(capacity, 0, n_seq_max)
+        b = self._b
+        self.token = np.ctypeslib.as_array(b.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(capacity,))
+        self.n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(b.logits, shape=(capacity,))
+        self.seq_id = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(capacity)]
+        self.n_tokens = 0
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_ids: Sequence[int] = (0,), logits: bool = False) -> None:
+        i = self.n_tokens
+        if i >= self.capacity:
+            raise DecodeError(f"batch overflow: capacity {self.capacity}")
+        self.token[i] = token
+        self.pos[i] = pos
+        self.n_seq_id[i] = len(seq_ids)
+        self.seq_id[i][: len(seq_ids)] = seq_ids
+        self.logits[i] = logits
+        self.n_tokens = i + 1
+
+    def set_sequence(self, tokens: Sequence[int], start: int, logits: str = "all") -> None:
+        """Fill with consecutive tokens of sequence 0; logits "all", "last" or "none"."""
+        n = len(tokens)
+        if n > self.capacity:
+            raise DecodeError(f"batch overflow: {n} tokens, capacity {self.capacity}")
+        self.token[:n] = tokens
+        self.pos[:n] = np.arange(start, start + n)
+        self.n_seq_id[:n] = 1
+        for i in range(n):
+            self.seq_id[i][0] = 0
+        self.logits[:n] = logits == "all"
+        if logits == "last" and n:
+            self.logits[n - 1] = 1
+        self.n_tokens = n
+
+    def free(self) -> None:
+        if self._b is not None:
+            ll.llama_batch_free(self._b)
+            self._b = None
+
+    def __del__(self) -> None:
+        self.free()
+
+
+class Context:
+    """A llama_context with its KV cache. ``tokens`` mirrors sequence 0 of the cache.
+
+    The invariant kept by every method: sequence 0 holds exactly ``tokens`` at positions
+    0 .. len(tokens) - 1.
+    """
+
+    _ptr = None
+
+    def __init__(self, model: Model, n_ctx: int, n_threads: int, n_batch: int = 512,
+                 n_seq_max: int = 1) -> None:
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.swa_full = True  # rolling back rejected tokens needs the whole SWA window
+        params.kv_unified = True  # sequences share cells (lookahead copies prefixes between them)
+        params.no_perf = True
+        _log_lines.clear()
+        ptr = ll.llama_init_from_model(model._ptr, params)
+        if not ptr:
+            reason = _log_error() or "llama.cpp refused the context parameters"
+            raise ModelError(f"failed to create a context of {n_ctx} tokens for {model.path}: {reason}")
+        self.model = model
+        self._ptr = ptr
+        self._mem = ll.llama_get_memory(ptr)
+        self.n_ctx: int = ll.llama_n_ctx(ptr)
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.threads = n_threads
+        self.batch = Batch(n_batch, n_seq_max)
+        self.tokens: List[int] = []
+        self.t_llama = 0.0  # seconds spent inside llama_decode, for profiling our own overhead
+        self._touched = 1  # sequences 1 .. _touched - 1 may hold cells: a decode or copy used them
+
+    def close(self) -> None:
+        if self._ptr:
+            self.batch.free()
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- decoding -------------------------------------------------------------------
+    def decode(self, batch: Optional[Batch] = None) -> None:
+        """Run llama_decode on ``batch`` (default: this context's own batch)."""
+        b = batch or self.batch
+        b._b.n_tokens = b.n_tokens
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self._ptr, b._b)
+        self.t_llama += time.perf_counter() - t0
+        if rc != 0:
+            reasons = {1: "no free slot in the KV cache (context full)", 2: "aborted",
+                       -1: "invalid batch"}
+            raise DecodeError(f"llama_decode failed with code {rc}: {reasons.get(rc, 'internal error')}")
+
+    def eval(self, tokens: Sequence[int], logits: str = "none") -> None:
+        """Append ``tokens`` to sequence 0, in chunks of n_batch.
+
+        With ``logits="all"`` the whole run must fit in one batch (the rows are read back
+        with :meth:`logits`); ``"last"`` keeps the last token's row.
+        """
+        if logits == "all" and len(tokens) > self.n_batch:
+            raise DecodeError(f"{len(tokens)} tokens with logits do not fit a batch of {self.n_batch}")
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            self.batch.set_sequence(chunk, len(self.tokens), logits if last_chunk else "none")
+            self.decode()
+            self.tokens.extend(chunk)
+
+    def logits(self, n_rows: int) -> np.ndarray:
+        """A (n_rows, n_vocab) float32 view of the last decode's output rows (no copy)."""
+        ptr = ll.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        """The logits of batch row ``i`` (negative counts from the end), a view."""
+        ptr = ll.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise DecodeError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    # --- KV cache -------------------------------------------------------------------
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache, and
+        every other sequence whole (they only live within one :meth:`eval_tree` step; those no
+        decode or copy used since they were last emptied hold nothing and are skipped).
+
+        Removes positions >= n even when ``tokens`` says there are none: a Ctrl-C that lands
+        between llama_decode's return and the update of ``tokens`` leaves a cell unrecorded.
+        """
+        self.seq_rm(0, n, -1)
+        for seq in range(1, self._touched):
+            self.seq_rm(seq, -1, -1)
+        self._touched = 1
+        del self.tokens[n:]
+
+    def eval_tree(self, token: int, rows: Sequence[Row], n_seqs: int) -> int:
+        """One decode: ``token`` appended to sequence 0 and to every sequence in 1..n_seqs - 1
+        (logits on), then ``rows``, each ``(token, offset from token's position, sequence ids,
+        logits?)``. Every other sequence first shares sequence 0's cells (seq_cp adds a sequence
+        id to a cell, it copies nothing), so its rows see the whole text.
+        Returns how many output rows the decode produced (``token``'s is row 0).
+        """
+        if n_seqs > self.n_seq_max:
+            raise DecodeError(f"{n_seqs} sequences needed, the context has {self.n_seq_max}")
+        n = len(self.tokens)
+        for seq in range(1, n_seqs):
+            self.seq_cp(0, seq)
+        b = self.batch
+        b.clear()
+        b.add(token, n, range(n_seqs), True)
+        self._touched = max(self._touched, n_seqs)
+        for t, offset, ids, logits in rows:
+            b.add(t, n + offset, ids, logits)
+        try:
+            self.decode()
+        finally:
+            self.tokens.append(token)  # whatever happened, truncate() below can clean up
+        return 1 + sum(1 for row in rows if row[3])
+
+    def keep_path(self, seq: int, tokens: Sequence[int], n_seqs: int) -> None:
+        """After :meth:`eval_tree`: ``tokens``, the first rows of sequence ``seq`` after the
+        decoded token, become sequence 0's; every other sequence is emptied."""
+        n = len(self.tokens)
+        if seq != 0:
+            self.seq_rm(0, n, -1)
+            self.seq_cp(seq, 0, n, n + len(tokens))
+        self.tokens.extend(tokens)
+        self.seq_rm(0, len(self.tokens), -1)
+        for s in range(1, n_seqs):
+            self.seq_rm(s, -1, -1)
+        if self._touched <= n_seqs:
+            self._touched = 1
+
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+        """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
+        that keep several sequences' bookkeeping themselves (``tokens`` is not touched).
+        Returns how many output rows the decode produced, in row order."""
+        b = self.batch
+        b.clear()
+        for token, pos, seqs, logits in rows:
+            b.add(token, pos, seqs, logits)
+            self._touched = max(self._touched, 1 + max(seqs))
+        self.decode()
+        return sum(1 for row in rows if row[3])
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise DecodeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._touched = max(self._touched, dst + 1)
+        ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int = 0) -> int:
+        return ll.llama_memory_seq_pos_max(self._mem, seq)
+
+    def pos_min(self, seq: int = 0) -> int:
+        return ll.llama_memory_seq_pos_min(self._mem, seq)
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+        self._touched = 1
+        self.tokens.clear()
+
+
+def system_info() -> str:
+    _ensure_backend()
+    return ll.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def weight_repacking() -> bool:
+    """Whether models load with llama.cpp's repacked weights (its extra buffer types).
+
+    Not when this build has AMX kernels: they crash on Q4_K weights in the first decode
+    (llama.cpp issue 20824); scripts/cpu_cmake_args.sh builds without them, which is faster.
+    """
+    return "AMX_INT8 = 1" not in system_info()
+
+
+def max_sequences() -> int:
+    """The most KV-cache sequences one context may have in this llama.cpp build."""
+    return int(ll.llama_max_parallel_sequences())
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def backend_name(model: Model) -> str:
+    """"gpu" when this build can offload and the model asked for it, else "cpu"."""
+    return "gpu" if supports_gpu_offload() and model.n_gpu_layers != 0 else "cpu"
+
+
+# llama.cpp's quantization types by name (llama_ftype), as llama-quantize names them.
+QUANT_TYPES = {"F16": ll.LLAMA_FTYPE_MOSTLY_F16, "Q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0, "Q6_K": ll.LLAMA_FTYPE_MOSTLY_Q6_K,
+               "Q5_K_M": ll.LLAMA_FTYPE_MOSTLY_Q5_K_M, "Q5_0": ll.LLAMA_FTYPE_MOSTLY_Q5_0,
+               "Q5_1": ll.LLAMA_FTYPE_MOSTLY_Q5_1, "Q4_K_M": ll.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+               "Q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
+               "Q3_K_M": ll.LLAMA_FTYPE_MOSTLY_Q3_K_M, "Q2_K": ll.LLAMA_FTYPE_MOSTLY_Q2_K}
+
+
+def quantize(source: Path, destination: Path, kind: str, threads: int = 0) -> None:
+    """Write ``source`` re-quantized to ``kind`` (a QUANT_TYPES name) with llama.cpp's own
+    quantizer, already-quantized tensors included."""
+    if kind not in QUANT_TYPES:
+        raise ModelError(f"unknown quantization {kind!r}; choose from {', '.join(QUANT_TYPES)}")
+    check_gguf(source)
+    _ensure_backend()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[kind]
+    params.allow_requantize = True
+    params.nthread = threads
+    _log_lines.clear()
+    if ll.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)) != 0:
+        raise ModelError(f"quantizing {source} to {kind} failed: {_log_error() or 'llama.cpp refused it'}")

@@ -1,0 +1,150 @@
+"""Replay a recorded answer through the sources and the planner, with no model: what would
+speculation have verified, accepted and cost on this machine? And the copy-oracle bound.
+
+The answer is taken as the target's greedy output. Each step plans exactly as a real run does
+(``Speculator.plan``), then follows the trie as far as the answer agrees and emits the answer's
+next token, which is what greedy verification would do; the step is charged the planner's cost
+of its batch. The Jacobi window needs the model, so it never rides in a replay; everything else
+(prompt lookup, references, n-gram caches, the lookahead pool) behaves as in a real run.
+
+The copy oracle knows the answer and may verify, at the measured cost, any run of upcoming
+tokens that occurs in the prompt or in the text generated so far; dynamic programming over the
+answer picks the runs that minimise the total cost. No source that copies can beat it.
+
+In both, the first token comes from the prompt's decode, as in a real run, and costs nothing;
+speed-ups are over plain decoding, which costs one unit per further token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, DefaultDict, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..engine.acceptance import walk_greedy
+from ..planning.acceptance_model import AcceptanceModel
+from ..sources.base import Candidate, Outcome
+from ..config import LookaheadConfig, SamplingConfig
+from ..planning.costs import CostCurve, CostModel
+from ..sources.lookahead import LookaheadSource
+from ..sources.lookup import LookupSource
+from ..planning.planner import MAX_LEAVES, Limits, Planner
+from ..sequences import common_prefix
+from ..planning.speculator import Speculator
+from ..engine.stats import SourceStats
+
+if TYPE_CHECKING:
+    from ..engine.generation import Vocabulary
+
+
+@dataclass
+class ReplayStats:
+    """What speculation would have done on a known answer (llama-lookup-stats' figures)."""
+
+    n_tokens: int = 0  # tokens emitted by target decodes (the prompt's first token aside)
+    n_steps: int = 0  # target decodes
+    n_drafted: int = 0
+    n_accept: int = 0
+    cost: float = 0.0  # in single-token decodes
+    sources: Dict[str, SourceStats] = field(default_factory=dict)
+
+    @property
+    def accept(self) -> float:
+        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Predicted decode speed over plain decoding (which costs one unit per token)."""
+        return self.n_tokens / self.cost if self.cost else 1.0
+
+
+def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"),
+               vocab: Optional["Vocabulary"] = None, model: Optional[AcceptanceModel] = None) -> Speculator:
+    """The sources a replay can run (``sources`` of lookup and lookahead; lookup compares text
+    when given the ``vocab``) with a fresh acceptance model (or ``model``) and a planner on
+    ``curve``; candidates end at the vocab's end-of-generation tokens."""
+    found: list = []
+    if "lookup" in sources:
+        found.append(LookupSource(piece=vocab.piece if vocab is not None else None))
+    if "lookahead" in sources:
+        found.append(LookaheadSource(LookaheadConfig()))
+    return Speculator(found, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
+                      vocab.eog_tokens if vocab is not None else frozenset())
+
+
+def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
+           max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False) -> ReplayStats:
+    """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
+    ``prompt``; charge each step the planner's cost of verifying its batch.
+
+    ``perfect``: plan with acceptance estimates that know the answer (1 for a candidate token
+    on the answer's path, 0 elsewhere) instead of the acceptance model's. What the planner then
+    reaches, against the copy oracle's bound, splits the gap to the bound in two: what better
+    estimates could win, and what the candidates and the per-step planning leave."""
+    stats = ReplayStats()
+    if not answer:
+        return stats
+    greedy = SamplingConfig(temperature=0)
+    rng = np.random.default_rng(0)
+    tokens = [*prompt, answer[0]]
+    pos = 1
+    while pos < len(answer):
+        limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
+        plan = speculator.plan(tokens, limits, greedy, rng, _knows(answer, pos) if perfect else None)
+        trie = plan.trie
+        path, token = walk_greedy(trie.children, lambda v, base=pos: int(answer[base + trie.depth[v]]))
+        emitted = [trie.token[v] for v in path] + [token]
+        tokens += emitted
+        pos += len(emitted)
+        path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
+        speculator.learn(Outcome(tokens, plan.candidates, plan.lengths, tuple(emitted), path_sources,
+                                 cost=plan.choice.cost, estimated=plan.choice.estimated))
+        stats.n_tokens += len(emitted)
+        stats.n_steps += 1
+        stats.n_drafted += len(trie) - 1
+        stats.n_accept += len(path)
+        stats.cost += plan.choice.cost
+        for v in range(1, len(trie)):
+            for name in trie.sources(v, plan.candidates):
+                stats.sources.setdefault(name, SourceStats()).drafted += 1
+        for names in path_sources:
+            for name in names:
+                stats.sources[name].accepted += 1
+    return stats
+
+
+def _knows(answer: Sequence[int], pos: int) -> Callable[[Candidate], List[float]]:
+    """Acceptance estimates of a step at ``answer[pos]`` that know the answer."""
+    def estimate(cand: Candidate) -> List[float]:
+        k = common_prefix(cand.tokens, answer[pos:])
+        return [1.0] * k + [0.0] * (len(cand.tokens) - k)
+    return estimate
+
+
+def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int, int], float]) -> float:
+    """The best speed-up over plain decoding that verifying copied runs can give on ``answer``:
+    each step may verify the next m answer tokens when they occur, in a row, in the prompt or
+    the answer so far, at ``cost(1 + m, length of the text)``, and emits them plus one more token."""
+    hay = [*prompt, *answer]
+    n_prompt, n = len(prompt), len(answer)
+    where: DefaultDict[int, List[int]] = defaultdict(list)
+    for j, t in enumerate(hay):
+        where[t].append(j)
+    longest = [0] * (n + 1)  # longest run answer[i:] that occurs in hay[:n_prompt + i]
+    for i in range(1, n):
+        end = n_prompt + i
+        best = 0
+        for j in where[answer[i]]:
+            if j >= end:
+                break
+            m = 0
+            while i + m < n and j + m < end and hay[j + m] == answer[i + m]:
+                m += 1
+            best = max(best, m)
+        longest[i] = best
+    total = [0.0] * (n + 1)  # cost of emitting answer[i:] with answer[:i] emitted
+    for i in range(n - 1, 0, -1):
+        total[i] = min(cost(1 + m, n_prompt + i) + total[min(i + m + 1, n)] for m in range(min(longest[i], n - i) + 1))
+    return (n - 1) / total[1] if n > 1 else 1.0

@@ -1,0 +1,129 @@
+"""One step of speculation before and after the target's decode: ask the sources, plan, learn.
+
+The engine (a real target) and the replay harness (a recorded answer) both drive it::
+
+    plan = speculator.plan(tokens, limits, sampling, rng)   # candidates -> what to verify
+    ... verify plan.trie (and the rider) ...
+    speculator.learn(outcome)                                # every part learns from one outcome
+
+Cheap sources (lookup, n-gram caches, lookahead) propose every step. An expensive one (a draft
+model) is asked only when the planner expects it to pay; otherwise ``idle`` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .acceptance_model import AcceptanceModel
+from ..sources.base import Budget, Candidate, Outcome, Rider, Source
+from ..config import SamplingConfig
+from .costs import CostModel
+from .planner import Choice, Limits, Planner
+from .trie import Trie
+
+# Candidates a cheap source may offer per step.
+MAX_CANDIDATES = 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to verify this step: ``trie`` (the pending token at its root) holds the first
+    ``lengths[c]`` tokens of every ``candidates[c]``; ``rider`` rides along when set.
+    ``t_draft`` is the wall time an expensive source spent proposing."""
+
+    trie: Trie
+    candidates: Tuple[Candidate, ...]
+    lengths: Tuple[int, ...]
+    rider: Optional[Rider]
+    choice: Choice
+    t_draft: float = 0.0
+    idle: Dict[str, str] = field(default_factory=dict)
+
+
+class Speculator:
+    """The sources, the acceptance model and the planner, for one text at a time. ``ends``:
+    the tokens that end a generation; no candidate goes on past one (nothing after it is ever
+    emitted: a prompt's ``.<|im_end|>\\n<|im_start|>`` is a copy worth one token at most)."""
+
+    def __init__(self, sources: Sequence[Source], model: AcceptanceModel, planner: Planner,
+                 ends: FrozenSet[int] = frozenset()) -> None:
+        self.sources = list(sources)
+        self.model = model
+        self.planner = planner
+        self.ends = ends
+
+    @property
+    def costs(self) -> CostModel:
+        return self.planner.costs
+
+    def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
+             estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
+        """What to verify after ``tokens``. ``estimate``: each candidate token's acceptance, in
+        place of the acceptance model's (the replay's perfect estimates)."""
+        self.costs.at(len(tokens))
+        rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
+        candidates: List[Candidate] = []
+        rider: Optional[Rider] = None
+        budget = Budget(limits.max_depth, MAX_CANDIDATES)
+        if limits.max_depth > 0:
+            for source in self.sources:
+                if not source.expensive:
+                    proposal = source.propose(tokens, budget, sampling, rng)
+                    candidates += [_until_end(c, self.ends) for c in proposal.candidates]
+                    rider = proposal.rider or rider
+        if rider is not None and max(row[1] for row in rider.rows) > limits.room:
+            rider = None
+        rates = [rate_of(c) for c in candidates]
+        choice = self.planner.choose(candidates, rates, rider, limits)
+        sunk, t_draft, idle = 0.0, 0.0, {}
+        for source in self.sources:
+            if not source.expensive or limits.max_depth <= 0:
+                continue
+            ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
+                                        source.max_len, candidates, rates, rider, limits, choice)
+            if ask is None:
+                idle[source.name] = why
+                continue
+            t0 = time.perf_counter()
+            proposal = source.propose(tokens, replace(ask, rates=self.model.rates(source.name)), sampling, rng)
+            t_draft += time.perf_counter() - t0
+            for n, seconds in proposal.decodes:
+                self.costs.observe("draft", n, seconds)
+            sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes))
+            for cand in proposal.candidates:
+                cand = _until_end(cand, self.ends)
+                candidates.append(cand)
+                rates.append(rate_of(cand))
+            choice = self.planner.choose(candidates, rates, rider, limits, sunk)
+        trie = Trie.build(tokens[-1], candidates, choice.lengths)
+        return Plan(trie, tuple(candidates), choice.lengths, rider if choice.ride else None, choice, t_draft, idle)
+
+    def learn(self, outcome: Outcome) -> None:
+        self.model.learn(outcome)
+        self.planner.learn(len(outcome.emitted), outcome.cost, outcome.estimated)
+        for source in self.sources:
+            source.learn(outcome)
+
+    def new_text(self) -> None:
+        """The next prompt does not continue the last text: evidence about it weighs less."""
+        self.model.forget()
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        for source in self.sources:
+            source.finish(tokens)
+
+    def contexts(self) -> list:
+        return [ctx for source in self.sources for ctx in source.contexts()]
+
+
+def _until_end(cand: Candidate, ends: FrozenSet[int]) -> Candidate:
+    """``cand`` up to and with its first token in ``ends``."""
+    for i, token in enumerate(cand.tokens):
+        if token in ends:
+            return replace(cand, tokens=cand.tokens[:i + 1], evidence=cand.evidence[:i + 1],
+                           q=cand.q[:i + 1] if cand.q is not None else None)
+    return cand

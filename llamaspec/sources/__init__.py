@@ -1,0 +1,10 @@
+"""Draft sources: each proposes candidate tokens that may follow the text; none touches the target.
+
+    base.py         the interface every source implements and what flows through a step
+                    (Candidate, Proposal, Budget, Outcome, Rider)
+    lookup.py       copies of the prompt, the text so far and references (prompt lookup)
+    ngram_cache.py  llama.cpp's n-gram cache files (llama-lookup's)
+    lookahead.py    lookahead decoding: an n-gram pool and a Jacobi window riding in the batch
+    draft_model.py  a small model with the target's vocabulary
+    consensus.py    what sibling samples of the same prompt wrote
+"""
