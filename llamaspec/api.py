@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -14,17 +15,16 @@ from . import completions
 from .llama import models
 from .planning.acceptance_model import AcceptanceModel
 from .sources.base import Source
+from .sources.registry import Loaded, Need, Registry, TextContext, default_registry
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
-from .sources.draft_model import DraftModelSource
 from .engine.engine import Engine
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
-from .sources.lookahead import LookaheadSource, check_fits
-from .sources.lookup import LookupSource
-from .sources.ngram_cache import CacheSource, NgramCaches
+from .sources.lookahead import check_fits
+from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
 from .planning.speculator import Speculator
-from .sources.consensus import ConsensusSource, Siblings
+from .sources.consensus import Siblings
 from .engine.lanes import BatchEngine, check_prompt
 from .engine.scheduler import Request, RequestStream, Scheduler
 from .engine.batcher import Batcher
@@ -41,9 +41,10 @@ MAX_SAMPLES = 16
 class LlamaSpec:
     """A target model, optionally a draft model, their KV caches and the draft sources.
 
-    ``spec`` chooses the sources (a SpecConfig or its text, as ``--spec`` takes it; default auto: every one the loaded models and files allow);
-    ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup and
-    lookahead may copy from. The caches persist between calls: a prompt that extends the
+    ``spec`` chooses the sources (a SpecConfig or its text, as ``--spec`` takes it; default auto:
+    every one the loaded models and files allow) among the ``registry``'s (default: the built-in
+    sources); ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup
+    and lookahead may copy from. The caches persist between calls: a prompt that extends the
     previous one (the next turn of a chat) evaluates only its new tokens. LlamaSpecs given the
     same ``pool`` share the weights of the models they both load.
     """
@@ -52,50 +53,56 @@ class LlamaSpec:
                  draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
                  progress: bool = True, lookup: LookupConfig = LookupConfig(), references: Sequence[str] = (),
                  lookahead: LookaheadConfig = LookaheadConfig(), spec: Union[SpecConfig, str] = SpecConfig(),
-                 pool: Optional[ModelPool] = None) -> None:
+                 pool: Optional[ModelPool] = None, registry: Optional[Registry] = None) -> None:
         self.target_config, self.draft_config = target, draft_config
         self._lock = threading.RLock()
         self._active: Optional[Union[Stream, RequestStream]] = None
         self._closed = False
         self._batchers: List[Batcher] = []
         spec = SpecConfig.parse(spec) if isinstance(spec, str) else spec
-        names = spec.resolve(draft is not None, bool(lookup.cache_static or lookup.cache_dynamic))
-        if references and not names & {"lookup", "lookahead"}:
-            raise ConfigError("references are read by the lookup and lookahead sources; --spec excludes both")
-        self.spec_name = spec.name if names else "plain"
+        self.registry = registry if registry is not None else default_registry()
+        given = frozenset(({Need.DRAFT_MODEL} if draft is not None else set())
+                          | ({Need.CACHE_FILES} if lookup.cache_static or lookup.cache_dynamic else set()))
+        names = self.registry.resolve(spec, given)
+        needed = frozenset().union(*(self.registry[n].needs for n in names))
+        readers = [n for n in self.registry.names if self.registry[n].reads_references]
+        if references and not names & set(readers):
+            raise ConfigError(f"references are read by the {' and '.join(readers)} sources; --spec runs none of them")
+        self.spec_name = self.registry.label(names, spec)
         leaves, n_seq = MAX_LEAVES, 1 + MAX_LEAVES
         if "lookahead" in names:
             n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, MAX_LEAVES, whole="lookahead" in spec.fixed)
             leaves = n_seq - 1 - lookahead.w
         self._scratch = n_seq - 1  # sequences a step's branches and lookahead's window may use
         # loaded once, shared by every text decoded (bad files: fail before loading any model)
-        self._caches = NgramCaches.open(lookup) if "cache" in names else None
+        caches = NgramCaches.open(lookup) if Need.CACHE_FILES in needed else None
         _warn_about(target, draft)
         self._pool = pool if pool is not None else ModelPool()
         self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
         self.ctx: Optional[Context] = None
-        self._draft_ctx: Optional[Context] = None
+        draft_ctx: Optional[Context] = None
         try:
-            if draft is not None and "draft" in names:
+            if draft is not None and Need.DRAFT_MODEL in needed:
                 self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
                 check_compatible(self.model, self.draft_model)
-            if self._caches is not None:
-                self._caches.validate_vocab(self.model.n_vocab)
+            if caches is not None:
+                caches.validate_vocab(self.model.n_vocab)
             self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
             draft_curve = None
             if self.draft_model is not None and draft is not None:
-                self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-                draft_curve = load_or_measure_draft(self._draft_ctx, curve, self.model, costs_file, progress)
+                draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
+                draft_curve = load_or_measure_draft(draft_ctx, curve, self.model, costs_file, progress)
             self._costs = CostModel(curve, draft_curve)
-            self._names, self._fixed, self._lookup, self._lookahead = names, spec.fixed, lookup, lookahead
-            self._references = [self.model.tokenize(text, add_special=False, parse_special=False)
-                                for text in references]
+            self._names, self._fixed = names, spec.fixed
+            self._loaded = Loaded(self.model.piece, lookup, lookahead, draft_config, caches, draft_ctx)
+            self._text = TextContext(tuple(tuple(self.model.tokenize(text, add_special=False, parse_special=False))
+                                           for text in references))
             self.engine = Engine(self.ctx, self._speculator(), leaves)
         except BaseException:  # nothing half-loaded stays behind
-            for ctx in (self.ctx, self._draft_ctx):
+            for ctx in (self.ctx, draft_ctx):
                 if ctx is not None:
                     ctx.close()
             self._release_models()
@@ -103,23 +110,15 @@ class LlamaSpec:
         self._template: Optional[ChatTemplate] = None
 
     def _speculator(self) -> Speculator:
-        """The sources, a fresh acceptance model and the planner (the cost model lives on)."""
-        sources = self._text_sources()
-        if self._draft_ctx is not None:
-            sources.append(DraftModelSource(self._draft_ctx, self.draft_config))
-        return Speculator(sources, AcceptanceModel(), Planner(self._costs, self._fixed), self.model.eog_tokens)
+        """Fresh sources, a fresh acceptance model and the planner (the cost model lives on)."""
+        sources = self.registry.build(self._names, self._loaded, self._text)
+        return Speculator(sources, self._acceptance_model(), self._planner(self._costs), self.model.eog_tokens)
 
-    def _text_sources(self) -> List[Source]:
-        """Fresh instances of the sources that draft from text: lookup, the n-gram caches, lookahead."""
-        names, lookup, refs = self._names, self._lookup, self._references
-        sources: List[Source] = []
-        if "lookup" in names:
-            sources.append(LookupSource(lookup.ngram_min, lookup.ngram_max, refs, lookup.draft_max, self.model.piece))
-        if self._caches is not None:
-            sources.append(CacheSource(self._caches.session(), lookup.draft_max))
-        if "lookahead" in names:
-            sources.append(LookaheadSource(self._lookahead, refs))
-        return sources
+    def _acceptance_model(self) -> AcceptanceModel:
+        return AcceptanceModel(self.registry.priors(), self.registry.overall())
+
+    def _planner(self, costs: CostModel) -> Planner:
+        return Planner(costs, self._fixed, self.registry.shadowed())
 
     # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
@@ -173,8 +172,8 @@ class LlamaSpec:
             self._close_active("another generation started on the same LlamaSpec")
             lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
             lanes.adopt(0, self.ctx.tokens)
-            scheduler = Scheduler(lanes, self.model, self._lane_sources, Planner(self._costs, self._fixed),
-                                  self.ctx.n_ctx, self.ctx.n_ctx)
+            scheduler = Scheduler(lanes, self.model, self._lane_sources, self._planner(self._costs),
+                                  self.ctx.n_ctx, self.ctx.n_ctx, self._acceptance_model())
             scheduler.submit(request)
             self._active = RequestStream(request, scheduler.cancel, scheduler.step,
                                          lambda: self.engine.adopt(lanes.release()), self._lock)
@@ -196,19 +195,18 @@ class LlamaSpec:
             cfg, n_ctx = self.target_config, self.ctx.n_ctx
             # every lane's share, and room for one batch of branch rows on top of them
             ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
-            planner = Planner(CostModel(self._costs.curves["target"]), self._fixed)  # learns this batch's timings, not ours
+            planner = self._planner(CostModel(self._costs.curves["target"]))  # learns this batch's timings, not ours
             scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._lane_sources, planner,
-                                  n_ctx * parallel, n_ctx)
+                                  n_ctx * parallel, n_ctx, self._acceptance_model())
             batcher = Batcher(scheduler, ctx, self._prompt_tokens, self.spec_name)
             self._batchers.append(batcher)
             return batcher
 
     def _lane_sources(self, siblings: Siblings, i: int) -> List[Source]:
-        """Sample i's sources: those that draft from text, and its siblings (consensus)."""
-        sources = self._text_sources()
-        if self._names:
-            sources.append(ConsensusSource(siblings, i))
-        return sources
+        """Sample i's sources: this LlamaSpec's but the draft model (it drafts for one text at a
+        time), and its siblings' (consensus)."""
+        loaded = replace(self._loaded, draft_ctx=None)
+        return self.registry.build(self._names, loaded, replace(self._text, siblings=siblings, sample=i))
 
     def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:
         """Reply to chat messages, formatted with the model's own template (see chat_stream)."""

@@ -30,8 +30,8 @@ from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfi
 from .planning.costs import CostCurve, CostModel, cached_curve
 from .errors import LlamaspecError, LlamaspecWarning
 from .engine.generation import Result, make_config
-from .sources.lookup import LookupSource
-from .sources.ngram_cache import NGRAM_STATIC, CacheSource, NgramCache, NgramCaches
+from .sources.registry import Loaded, TextContext, default_registry
+from .sources.ngram_cache import NGRAM_STATIC, NgramCache, NgramCaches
 from .planning.planner import Planner
 from .repl import run_chat
 from .measure.replay import copy_oracle, replay
@@ -108,7 +108,7 @@ MODEL_OPTIONS = {
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
     "spec": click.option("--spec", default=None,
                          help="Draft sources: auto (every one the models and files allow), none (plain decoding) "
-                              "or a list of lookup, lookahead, draft, cache  [default: auto]."),
+                              f"or a list of {', '.join(default_registry().names)}  [default: auto]."),
     "draft_max": click.option("--draft-max", type=int, default=_DRAFT.draft_max, show_default=True,
                               help="Most tokens the draft model proposes per step."),
     "draft_min": click.option("--draft-min", type=int, default=_DRAFT.draft_min, show_default=True,
@@ -481,13 +481,15 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     refs = [vocab.tokenize(_read(r), add_special=False, parse_special=False) for r in references]
     measured = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
     curve = measured or CostCurve.flat()
-    sources: list = [LookupSource(cfg.ngram_min, cfg.ngram_max, refs, cfg.draft_max, vocab.piece)]
+    caches = None
     if lookup_cache_static or lookup_cache_dynamic:
         caches = NgramCaches.open(cfg)
         caches.validate_vocab(vocab.n_vocab)
-        sources.append(CacheSource(caches, cfg.draft_max))
-    costs_model = CostModel(curve)
-    stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(costs_model), vocab.eog_tokens))
+    registry = default_registry()
+    loaded = Loaded(vocab.piece, cfg, caches=caches)
+    names = registry.resolve(SpecConfig(frozenset({"lookup"})), loaded.meets())  # the cache source joins lookup
+    sources = registry.build(names, loaded, TextContext(tuple(tuple(r) for r in refs)))
+    stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens))
     click.echo(f"n_predict    = {stats.n_tokens}")
     click.echo(f"n_drafted    = {stats.n_drafted}")
     click.echo(f"n_accept     = {stats.n_accept}")

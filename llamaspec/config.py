@@ -155,15 +155,11 @@ class LookaheadConfig:
         _check(self.w + self.g >= 1, "lookahead needs a window (W >= 1) or candidates (G >= 1)")
 
 
-# Every draft source, by the name --spec, the statistics and the acceptance model use.
-SOURCES = ("lookup", "cache", "lookahead", "draft")
-
-
 @dataclass(frozen=True)
 class SpecConfig:
-    """Which draft sources run. ``sources`` None is ``auto``: every source the loaded models and
-    given files allow (prompt lookup and lookahead always, the n-gram caches when files are
-    given, the draft model when one is loaded). An empty set is plain decoding.
+    """Which draft sources run, by name (the names and what each source needs: see
+    ``sources/registry.py``). ``sources`` None is ``auto``: every source the loaded models and
+    given files allow. An empty set is plain decoding.
 
     Sources in ``fixed`` are verified whole every step, as llama.cpp's programs do (the draft
     model drafts up to draft-max tokens, lookahead verifies all G candidates and decodes its
@@ -172,11 +168,6 @@ class SpecConfig:
 
     sources: Optional[FrozenSet[str]] = None
     fixed: FrozenSet[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        unknown = sorted((set(self.sources or ()) | set(self.fixed)) - set(SOURCES))
-        _check(not unknown, f"unknown draft source {unknown[0] if unknown else ''!r}; "
-                            f"choose from auto, none or {', '.join(SOURCES)}")
 
     @staticmethod
     def parse(text: str) -> "SpecConfig":
@@ -187,28 +178,8 @@ class SpecConfig:
         if names == ["none"]:
             return SpecConfig(frozenset())
         _check(bool(names) and "auto" not in names and "none" not in names,
-               f"--spec takes auto, none or a list of {', '.join(SOURCES)}, got {text!r}")
+               f"--spec takes auto, none or a comma-separated list of draft sources, got {text!r}")
         return SpecConfig(frozenset(names))
 
     def with_fixed(self, names: FrozenSet[str]) -> "SpecConfig":
         return SpecConfig(self.sources, frozenset(self.fixed | names))
-
-    def resolve(self, draft: bool, caches: bool) -> FrozenSet[str]:
-        """The sources to run given what is loaded: whether there is a draft model and n-gram
-        cache files. ``lookup`` includes the caches when files are given."""
-        if self.sources is None:
-            names = frozenset({"lookup", "lookahead"} | ({"draft"} if draft else set()) | ({"cache"} if caches else set()))
-        else:
-            _check(draft or "draft" not in self.sources, "the draft source needs a draft model (-md)")
-            _check(caches or "cache" not in self.sources,
-                   "the cache source needs an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)")
-            names = frozenset(self.sources | ({"cache"} if caches and "lookup" in self.sources else set()))
-        idle = sorted(self.fixed - names)
-        _check(not idle, f"{idle[0] if idle else ''} is to be verified whole but does not run")
-        return names
-
-    @property
-    def name(self) -> str:
-        if self.sources is None:
-            return "auto"
-        return ",".join(s for s in SOURCES if s in self.sources) or "none"

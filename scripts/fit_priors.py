@@ -10,9 +10,9 @@ the planner would reach on them against the copy-oracle bound.
    conversions, extraction, summaries with quotes, open questions): pass both to pool them.
    ``tests/data/held_out_answers.json`` holds sixteen more that no prior was fitted on: check a
    change on them too.
-2. Every candidate token each source offers while replaying them is counted per evidence bucket
+2. Every candidate token each source offers while replaying them is counted per evidence key
    (verified or not: the answer shows whether the target would have accepted it). The rates,
-   over all prompts, are the suggested priors (acceptance_model.PRIORS).
+   over all prompts, are the suggested priors (each source module's PLUGIN).
 3. The answers are replayed with the current priors through lookup, lookahead and both (auto
    without a draft model), and the predicted speed-up over plain is printed beside the copy
    oracle's, with the chosen cost curve (the measured one of this machine, one of three 2-core
@@ -104,9 +104,9 @@ def main() -> int:
     counts = AcceptanceModel(weight=1e-6, decay=1.0)  # (almost) raw counts: no decay, a negligible prior
     for item in answers.values():
         replay(item["prompt"], item["answer"], speculator(curve, vocab=vocab, model=counts))
-    print("observed acceptance per bucket (seen):")
-    for (source, bucket), (acc, seen) in sorted(counts._counts.items()):
-        print(f"  {source:10} {bucket:3}  {acc / seen:.2f}  ({seen:.0f})")
+    print("observed acceptance per evidence key (seen):")
+    for (source, key), (acc, seen) in sorted(counts._counts.items(), key=lambda item: (item[0][0], repr(item[0][1]))):
+        print(f"  {source:10} {key!r:50}  {acc / seen:.2f}  ({seen:.0f})")
 
     curves = jittered(curve, args.jitter)
     print(f"\npredicted speed-up over plain with the {args.curve} curve"

@@ -64,11 +64,12 @@ def pool() -> ModelPool:
 
 
 def _spec(model_file, pool, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
-          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), **draft_cfg) -> LlamaSpec:
+          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), registry=None, **draft_cfg) -> LlamaSpec:
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
     return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
-                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool)
+                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool,
+                     registry=registry)
 
 
 def _factory(model_file, pool):

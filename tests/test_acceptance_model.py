@@ -1,8 +1,8 @@
-"""The acceptance model: per (source, bucket) estimates learned from outcomes (no model)."""
+"""The acceptance model: per (source, evidence key) estimates learned from outcomes (no model)."""
 
 import pytest
 
-from llamaspec.planning.acceptance_model import MAX_RATE, AcceptanceModel
+from llamaspec.planning.acceptance_model import MAX_RATE, AcceptanceModel, UnknownEvidence
 from llamaspec.sources.base import Candidate, Outcome
 
 
@@ -12,15 +12,16 @@ def outcome(cands, emitted):
 
 
 def test_priors_then_evidence():
-    m = AcceptanceModel(priors={"s": {1: 0.5}}, default={"s": 0.2}, weight=2.0, decay=1.0)
-    assert m.rate("s", 1) == 0.5 and m.rate("s", 9) == 0.2 and m.overall("s") == 0.2
+    m = AcceptanceModel(priors={"s": {1: 0.5, 9: 0.3}}, overall={"s": 0.2}, weight=2.0, decay=1.0)
+    assert m.rate("s", 1) == 0.5 and m.rate("s", 9) == 0.3 and m.overall("s") == 0.2
     cand = Candidate((7, 8, 9), "s", (1, 1, 1))
     m.learn(outcome([cand], [7, 8, 5]))  # two accepted, the third rejected
     assert m.rate("s", 1) == pytest.approx((2 + 2 * 0.5) / (3 + 2))
 
 
 def test_every_candidate_learns_verified_or_not_and_stops_at_its_first_miss():
-    m = AcceptanceModel(priors={"a": {}, "b": {}}, default={"a": 0.5, "b": 0.5}, weight=1.0, decay=1.0)
+    m = AcceptanceModel(priors={"a": dict.fromkeys(range(1, 5), 0.5), "b": {1: 0.5}}, overall={"a": 0.5, "b": 0.5},
+                        weight=1.0, decay=1.0)
     full = Candidate((4, 5), "a", (1, 2))  # both tokens right: a fully accepted branch is no rejection
     other = Candidate((4, 6, 7), "a", (1, 3, 4))  # shares the first token (counted once), then wrong
     unverified = Candidate((9,), "b", (1,))  # never verified: wrong all the same
@@ -35,7 +36,7 @@ def test_every_candidate_learns_verified_or_not_and_stops_at_its_first_miss():
 
 def test_counts_decay_so_recent_steps_weigh_most():
     def after(decay):
-        m = AcceptanceModel(priors={"s": {1: 0.5}}, default={"s": 0.5}, weight=1.0, decay=decay)
+        m = AcceptanceModel(priors={"s": {1: 0.5}}, overall={"s": 0.5}, weight=1.0, decay=decay)
         for emitted in [1] * 20 + [2] * 3:  # twenty hits, then three misses
             m.learn(outcome([Candidate((1,), "s", (1,))], [emitted]))
         return m
@@ -46,7 +47,17 @@ def test_counts_decay_so_recent_steps_weigh_most():
 
 
 def test_no_estimate_is_certain():
-    m = AcceptanceModel(priors={"s": {1: 1.0}}, default={"s": 1.0}, decay=1.0)
+    m = AcceptanceModel(priors={"s": {1: 1.0}}, overall={"s": 1.0}, decay=1.0)
     for _ in range(100):
         m.learn(outcome([Candidate((1,), "s", (1,))], [1]))
     assert m.rate("s", 1) == MAX_RATE < 1
+
+
+def test_a_key_without_a_prior_is_an_error_not_a_guess():
+    """A source whose evidence key has no declared prior is a bug: the model says so instead of
+    silently taking some default."""
+    m = AcceptanceModel(priors={"s": {1: 0.5}}, overall={"s": 0.5})
+    with pytest.raises(UnknownEvidence, match="the s source gave evidence 2"):
+        m.rate("s", 2)
+    with pytest.raises(UnknownEvidence, match="the t source"):
+        m.rate("t", 1)

@@ -40,21 +40,10 @@ def test_valid_defaults():
         GenerationConfig(stop=("",))
 
 
-def test_spec_parsing_and_what_each_resolves_to():
+def test_spec_parsing():
     from llamaspec import SpecConfig
     assert SpecConfig.parse("auto") == SpecConfig() and SpecConfig.parse("none").sources == frozenset()
     assert SpecConfig.parse("lookup, draft").sources == {"lookup", "draft"}
-    assert SpecConfig().resolve(draft=False, caches=False) == {"lookup", "lookahead"}
-    assert SpecConfig().resolve(draft=True, caches=True) == {"lookup", "lookahead", "draft", "cache"}
-    assert SpecConfig.parse("lookup").resolve(draft=True, caches=True) == {"lookup", "cache"}
-    assert SpecConfig.parse("none").name == "none" and SpecConfig().name == "auto"
-    for text, fragment in [("turbo", "unknown draft source 'turbo'"), ("auto,lookup", "--spec takes auto, none or"),
-                           ("", "--spec takes")]:
-        with pytest.raises(ConfigError, match=fragment):
+    for text in ("auto,lookup", "", " , "):
+        with pytest.raises(ConfigError, match="--spec takes auto, none or"):
             SpecConfig.parse(text)
-    with pytest.raises(ConfigError, match="needs a draft model"):
-        SpecConfig.parse("draft").resolve(draft=False, caches=False)
-    with pytest.raises(ConfigError, match="needs an n-gram cache file"):
-        SpecConfig.parse("cache").resolve(draft=False, caches=False)
-    with pytest.raises(ConfigError, match="draft is to be verified whole but does not run"):
-        SpecConfig.parse("lookup").with_fixed(frozenset({"draft"})).resolve(draft=True, caches=False)

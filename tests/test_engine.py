@@ -14,7 +14,8 @@ from scipy.stats import chisquare
 
 from llamaspec.planning.acceptance_model import AcceptanceModel
 from llamaspec.engine.generation import Stream, make_config
-from llamaspec.sources.base import Candidate, Outcome, Proposal
+from llamaspec.sources.base import Candidate, Outcome, Proposal, Source
+from llamaspec.sources.registry import default_registry
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.engine.engine import Engine
@@ -28,22 +29,7 @@ from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake
 GREEDY = SamplingConfig(temperature=0)
 
 
-class QuietSource:
-    """What a fake source does not need: learning, contexts of its own, saving at the end."""
-
-    expensive = False
-
-    def learn(self, outcome):
-        pass
-
-    def contexts(self):
-        return []
-
-    def finish(self, tokens):
-        pass
-
-
-class Oracle(QuietSource):
+class Oracle(Source):
     """A source that knows what the fake target will say: proposes ``k`` tokens of it, and a
     wrong second candidate sharing its first tokens (a trie with a shared prefix)."""
 
@@ -63,7 +49,7 @@ class Oracle(QuietSource):
         return Proposal(tuple(cands))
 
 
-class StepLog(QuietSource):
+class StepLog(Source):
     """A source that records what the engine tells it, to check the outcome it learns from."""
 
     name = "log"
@@ -78,9 +64,17 @@ class StepLog(QuietSource):
         self.outcomes.append(outcome)
 
 
+def with_oracle() -> AcceptanceModel:
+    """The oracle's priors (it knows the fake target), and every built-in source's keys at 0.1:
+    they know nothing of the fake target's text."""
+    registry = default_registry()
+    priors = {name: dict.fromkeys(keys, 0.1) for name, keys in registry.priors().items()}
+    return AcceptanceModel({**priors, "oracle": {1: 0.9}}, {**dict.fromkeys(priors, 0.1), "oracle": 0.9})
+
+
 def engine(sources, curve=CostCurve.flat(), **ctx_options):
     ctx = FakeContext(**ctx_options)
-    return Engine(ctx, Speculator(sources, AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+    return Engine(ctx, Speculator(sources, with_oracle(),
                                   Planner(CostModel(curve)))), ctx
 
 
@@ -163,7 +157,7 @@ class EosContext(FakeContext):
 
 def eos_engine(eos_at, sources):
     ctx = EosContext(eos_at)
-    return Engine(ctx, Speculator(sources, AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+    return Engine(ctx, Speculator(sources, with_oracle(),
                                   Planner(CostModel(CostCurve.flat())))), ctx
 
 
@@ -200,7 +194,7 @@ def test_no_candidate_goes_on_past_an_end_of_generation_token():
     there, so the planner never pays rows for them."""
     prompt = fake_prompt(30)
     eos_at = len(prompt) + 3
-    ends = Speculator([EosOracle(eos_at)], AcceptanceModel(priors={"oracle": {1: 0.9}}, default={"oracle": 0.9}),
+    ends = Speculator([EosOracle(eos_at)], with_oracle(),
                       Planner(CostModel(CostCurve.flat())), frozenset({EOS}))
     plan = ends.plan(prompt, Limits(max_depth=16, max_rows=64, room=64), GREEDY, np.random.default_rng(0))
     assert plan.candidates[0].tokens == tuple(greedy_text(prompt, 3)) + (EOS,)
@@ -247,7 +241,7 @@ def test_the_planner_on_a_steep_curve_mostly_decodes_plainly_on_text_it_cannot_p
     assert result.stats.n_drafted <= 10
 
 
-class QDraft(QuietSource):
+class QDraft(Source):
     """A draft model stand-in: samples a two-token chain from q, a blurred copy of the target's p."""
 
     name = "draft"

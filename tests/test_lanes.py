@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 from llamaspec.sources.base import Budget, Candidate
 from llamaspec.config import LookaheadConfig, SamplingConfig
-from llamaspec.sources.consensus import ConsensusSource, Siblings, bucket, candidates
+from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, evidence
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.engine.engine import Engine
 from llamaspec.errors import ConfigError
@@ -255,7 +255,7 @@ def test_consensus_proposes_what_siblings_wrote_after_the_same_tokens():
     cands = candidates(found, 4)
     assert {c.tokens for c in cands} == {(3, 4, 5, 6), (3, 4, 7, 8)}
     for c in cands:  # two siblings agree on 3 4, then one each
-        assert c.evidence[:2] == (bucket(2, 5), bucket(2, 6)) and c.evidence[2:] == (bucket(1, 7), bucket(1, 8))
+        assert c.evidence[:2] == (evidence(2, 5), evidence(2, 6)) and c.evidence[2:] == (evidence(1, 7), evidence(1, 8))
         assert c.source == "consensus"
 
 

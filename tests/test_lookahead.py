@@ -9,7 +9,7 @@ import pytest
 
 from llamaspec import ConfigError, LookaheadConfig, SamplingConfig
 from llamaspec.sources.base import Budget, Outcome, length_bucket
-from llamaspec.sources.lookahead import LookaheadSource, NgramPool, Window, check_fits
+from llamaspec.sources.lookahead import LookaheadSource, NgramPool, Pooled, Window, check_fits
 from llamaspec.planning.planner import MAX_LEAVES
 
 
@@ -123,7 +123,7 @@ def test_source_proposes_pool_ngrams_of_the_pending_token_and_the_window_as_a_ri
     text = [1, 2, 3, 4, 9, 9, 1, 2]
     proposal = source.propose(text, Budget(max_len=8), SamplingConfig(temperature=0), None)
     assert [c.tokens for c in proposal.candidates] == [(3, 4, 9)]  # after "1 2": the pool's n-gram
-    assert proposal.candidates[0].evidence[0] == length_bucket(2)  # "1" before it matches too
+    assert proposal.candidates[0].evidence[0] == Pooled(length_bucket(2))  # "1" before it matches too
     assert proposal.rider is not None and proposal.rider.n_seqs == 3 and len(proposal.rider.rows) == 3 * 3 - 1
 
 

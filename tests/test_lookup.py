@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from llamaspec import LookupConfig, SamplingConfig
 from llamaspec.sources.base import Budget, length_bucket
-from llamaspec.sources.lookup import (CONTESTED, FRESH, IN_STEP, MATCH, OUT_OF_STEP, OWN_MATCH, OWN_TEXT, RESUMED, SUPPORT,
-                              LookupSource, PromptLookup, TokenIndex)
+from llamaspec.sources.lookup import (CONTESTED, FRESH, IN_STEP, OUT_OF_STEP, OWN_MATCH, RESUMED, Anchored, LookupSource,
+                                      Matched, PromptLookup, TokenIndex)
 from llamaspec.sources.ngram_cache import CacheSource, NgramCache, NgramCaches
 
 GREEDY = SamplingConfig(temperature=0)
@@ -28,7 +28,7 @@ def test_finds_the_continuations_of_the_longest_match_first():
     lookup.follow([5, 6, 7, 8, 9, 1, 6, 7])
     found = lookup.find(3, 4)
     assert found[0][0] == [8, 9, 1]
-    assert found[0][1][0] == MATCH + SUPPORT * 1 + length_bucket(2)  # "6 7" agrees: two tokens, one occurrence
+    assert found[0][1][0] == Matched(1, length_bucket(2))  # "6 7" agrees: two tokens, one occurrence
     assert PromptLookup(2, 4).find(5, 4) == []
 
 
@@ -36,7 +36,14 @@ def test_a_match_is_rated_by_how_the_other_occurrences_go_on():
     """After "5" (each occurrence after a different token, so all agree on one token): support
     counts the occurrences that went on like the candidate so far, and says CONTESTED from the
     first token where one of them went on differently."""
-    contested, two, three = (MATCH + SUPPORT * s for s in (CONTESTED, 2, 3))
+    def contested(n):
+        return Matched(CONTESTED, n)
+
+    def two(n):
+        return Matched(2, n)
+
+    def three(n):
+        return Matched(3, n)
 
     def evidence(text, cont):
         lookup = PromptLookup(1, 1)
@@ -44,9 +51,9 @@ def test_a_match_is_rated_by_how_the_other_occurrences_go_on():
         return dict((tuple(c), e) for c, e in lookup.find(4, 4))[cont]
 
     runs = [10, 5, 6, 7, 8, 11, 5, 6, 7, 8, 12, 5, 6, 7, 9, 13]
-    assert evidence(runs + [5, 4, 14, 5], (6, 7, 8, 12)) == (contested + 1, contested + 2, contested + 3, contested + 4)
-    assert evidence(runs + [5], (6, 7, 8, 12)) == (three + 1, three + 2, contested + 3, contested + 4)
-    assert evidence(runs[:11] + [5], (6, 7, 8, 12)) == (two + 1, two + 2, two + 3, contested + 4)
+    assert evidence(runs + [5, 4, 14, 5], (6, 7, 8, 12)) == (contested(1), contested(2), contested(3), contested(4))
+    assert evidence(runs + [5], (6, 7, 8, 12)) == (three(1), three(2), contested(3), contested(4))
+    assert evidence(runs[:11] + [5], (6, 7, 8, 12)) == (two(1), two(2), two(3), contested(4))
 
 
 def test_occurrences_that_disagree_are_separate_candidates_best_context_first():
@@ -73,15 +80,15 @@ def test_the_anchor_resumes_the_copy_after_an_edit():
     lookup.follow(text[:1])  # the prompt
     lookup.follow(text)
     first = lookup.find(8, 4)[0]
-    assert first[0][:3] == [16, 17, 18] and first[1][0] == FRESH + 0  # just set: not trusted yet
+    assert first[0][:3] == [16, 17, 18] and first[1][0] == Anchored(FRESH, 0)  # just set: not trusted yet
     text += [16, 17, 18, 19]
     lookup.follow(text)
     cont, evidence = lookup.find(8, 4)[0]
-    assert cont[0] == 20 and IN_STEP <= evidence[0] < MATCH  # in step: copied 4
+    assert cont[0] == 20 and evidence[0].state == IN_STEP  # in step: copied 4
     text += [99, 98]  # the edit
     lookup.follow(text)
     cont, evidence = lookup.find(8, 4)[0]
-    assert cont[0] == 20 and evidence[0] == OUT_OF_STEP  # still offered, as out of step
+    assert cont[0] == 20 and evidence[0] == Anchored(OUT_OF_STEP, 0)  # still offered, as out of step
     text += [20]  # the copy resumes
     lookup.follow(text)
     assert lookup.find(8, 4)[0][0][:2] == [21, 22]
@@ -98,7 +105,7 @@ def test_a_text_that_opens_as_a_copy_sets_the_anchor_there():
     assert lookup.anchor is None
     lookup.follow([*prompt, 50, 51])
     cont, evidence = lookup.find(8, 4)[0]
-    assert cont[:4] == [52, 53, 54, 55] and evidence[:3] == (FRESH + 2, FRESH + 3, FRESH + 4)
+    assert cont[:4] == [52, 53, 54, 55] and evidence[:3] == (Anchored(FRESH, 2), Anchored(FRESH, 3), Anchored(FRESH, 4))
 
     twice = [1, 50, 51, 60, 2, 50, 51, 52, 53, 3]  # 50 51 goes on 60, then 52
     contested = PromptLookup(1, 4)
@@ -106,55 +113,54 @@ def test_a_text_that_opens_as_a_copy_sets_the_anchor_there():
     contested.follow([*twice, 50, 51])
     found = contested.find(8, 4)
     assert contested.anchor is None and {cont[0] for cont, _ in found} == {52, 60}
-    assert all(MATCH <= e for _, evidence in found for e in evidence)
+    assert all(isinstance(e, Matched) for _, evidence in found for e in evidence)
 
 
-def test_an_anchor_in_the_text_being_written_has_buckets_of_its_own():
+def test_an_anchor_in_the_text_being_written_has_evidence_of_its_own():
     """The same four tokens said again: where they were first said in the answer, the copy is
-    rated as the text copying itself (OWN_TEXT + its bucket); where the prompt said them, as a
-    copy of the prompt."""
+    rated as the text copying itself (own evidence); where the prompt said them, as a copy of
+    the prompt."""
     prompt = [1, 2, 3]
     answer = [10, 11, 12, 13, 14, 20, 10, 11, 12, 13]
     own = PromptLookup(1, 4)
     own.follow([*prompt, answer[0]])  # the answer starts at its first token
     own.follow([*prompt, *answer])
     cont, evidence = own.find(8, 4)[0]
-    assert cont[:3] == [14, 20, 10] and evidence[:3] == (OWN_TEXT + FRESH, OWN_TEXT + FRESH + 1, OWN_TEXT + FRESH + 2)
+    assert cont[:3] == [14, 20, 10] and evidence[:3] == tuple(Anchored(FRESH, at, own=True) for at in range(3))
 
     quoted = PromptLookup(1, 4)
     quoting = [1, 10, 11, 12, 13, 14, 20, 2]  # the prompt says them first
     quoted.follow([*quoting, 5, 10])
     quoted.follow([*quoting, 5, 10, 11, 12, 13])  # all four copied: in step at once
     cont, evidence = quoted.find(8, 4)[0]
-    assert cont[:2] == [14, 20] and evidence[:2] == (IN_STEP, IN_STEP)
+    assert cont[:2] == [14, 20] and evidence[:2] == (Anchored(IN_STEP, 0), Anchored(IN_STEP, 0))
 
 
-def test_a_match_only_the_text_being_written_goes_on_like_has_buckets_of_its_own():
+def test_a_match_only_the_text_being_written_goes_on_like_has_evidence_of_its_own():
     """Two tokens said again: where only the answer said them before, the match's tokens are
-    rated as the text copying itself (OWN_TEXT + the alone bucket); where the prompt said them,
-    or where the match agrees on fewer than OWN_MATCH tokens, as a match."""
+    rated as the text copying itself (own, alone); where the prompt said them, or where the
+    match agrees on fewer than OWN_MATCH tokens, as a match."""
     prompt = [1, 2, 3]
     answer = [10, 11, 12, 13, 20, 21, 22, 10, 11]
     own = PromptLookup(1, 4)
     own.follow([*prompt, answer[0]])  # the answer starts at its first token
     own.follow([*prompt, *answer])
     (cont, evidence), = own.find(3, 4)
-    alone = MATCH + SUPPORT * 1
     assert cont == [12, 13, 20]
-    assert evidence == tuple(OWN_TEXT + alone + length_bucket(OWN_MATCH + j) for j in range(3))
+    assert evidence == tuple(Matched(1, length_bucket(OWN_MATCH + j), own=True) for j in range(3))
 
     quoted = PromptLookup(1, 4)
     quoting = [1, 10, 11, 12, 13, 20, 2]  # the prompt says them first
     quoted.follow([*quoting, 30])
     quoted.follow([*quoting, 30, 31, 32, 10, 11])
     (cont, evidence), = quoted.find(3, 4)
-    assert cont == [12, 13, 20] and evidence == tuple(alone + length_bucket(2 + j) for j in range(3))
+    assert cont == [12, 13, 20] and evidence == tuple(Matched(1, length_bucket(2 + j)) for j in range(3))
 
     short = PromptLookup(1, 4)
     short.follow([*prompt, 10])
     short.follow([*prompt, 10, 11, 12, 30, 31, 32, 11])  # agrees on one token only
     (cont, evidence), = short.find(3, 4)
-    assert cont == [12, 30, 31] and evidence == tuple(alone + length_bucket(1 + j) for j in range(3))
+    assert cont == [12, 30, 31] and evidence == tuple(Matched(1, length_bucket(1 + j)) for j in range(3))
 
 
 def test_the_text_being_written_starts_after_each_prompt():
@@ -191,8 +197,8 @@ def test_a_fresh_copy_ends_where_the_text_always_departed_from_the_source():
     assert lookup.edits[5] == (0, 1)
     cont, evidence = lookup.find(8, 4)[0]
     assert cont[:2] == [13, 5]
-    assert FRESH <= evidence[0] < OUT_OF_STEP  # the copy is fresh ...
-    assert evidence[1] == IN_STEP + 30  # ... but 5 was always edited
+    assert evidence[0].state == FRESH  # the copy is fresh ...
+    assert evidence[1] == Anchored(IN_STEP, 0, edit=3)  # ... but 5 was always edited
 
 
 def test_a_token_the_text_departed_from_twice_and_never_kept_has_a_class_of_its_own():
@@ -207,7 +213,7 @@ def test_a_token_the_text_departed_from_twice_and_never_kept_has_a_class_of_its_
         lookup.find(8, 4)
     assert lookup.edits[5] == (0, 2) and lookup._edit_class(5) == 4
     cont, evidence = lookup.find(8, 4)[0]
-    assert cont[:2] == [23, 5] and evidence[1] == IN_STEP + 40
+    assert cont[:2] == [23, 5] and evidence[1] == Anchored(IN_STEP, 0, edit=4)
 
 
 def test_the_end_of_a_sentence_not_met_yet_has_a_class_of_its_own():
@@ -224,7 +230,7 @@ def test_the_end_of_a_sentence_not_met_yet_has_a_class_of_its_own():
         lookup.find(16, 4)
     cont, evidence = lookup.find(16, 4)[0]
     assert cont[:6] == [7, 5, 8, 9, 3, 5]
-    assert evidence[1] == IN_STEP and evidence[5] == IN_STEP + 50
+    assert evidence[1] == Anchored(IN_STEP, 0) and evidence[5] == Anchored(IN_STEP, 0, edit=5)
 
 
 def test_lookup_source_proposes_up_to_the_budget():
@@ -275,7 +281,7 @@ def test_the_copy_resumes_where_an_edit_split_a_source_token():
         if piece is None:  # tokens alone: the wrong place
             assert cont == [29]
         else:  # a trusted copy taken up again after a short edit
-            assert cont[:3] == [4, 5, 6] and evidence[0] == RESUMED
+            assert cont[:3] == [4, 5, 6] and evidence[0] == Anchored(RESUMED, 0)
 
 
 def test_a_realignment_inside_an_insertion_is_undone_when_the_copy_does_not_go_on():

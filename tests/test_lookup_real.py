@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from llamaspec import ConfigError, LookupConfig, SamplingConfig, Stats
 from llamaspec.cli import cli
 from llamaspec.planning.acceptance_model import AcceptanceModel
-from llamaspec.sources.base import Budget
+from llamaspec.sources.base import Budget, length_bucket
 from llamaspec.errors import CacheFormatError
-from llamaspec.sources.lookup import FRESH, MATCH, OWN_MATCH, OWN_TEXT, SUPPORT, LookupSource
+from llamaspec.sources.lookup import FRESH, OWN_MATCH, Anchored, LookupSource, Matched
 from llamaspec.sources.ngram_cache import NgramCache
 
 from conftest import QWEN, SMOL, chatml
@@ -59,7 +59,7 @@ def test_code_edit_is_mostly_copied(module_spec):
 
 def test_an_answer_opening_as_the_prompts_code_block_copies_from_it(qwen_plain):
     """The target's answer to the type-hint prompt opens with the fence of the prompt's code
-    block: after those two tokens lookup copies the block, rated as a copy of them (FRESH + 2
+    block: after those two tokens lookup copies the block, rated as a copy of them (fresh, at 2
     on), and the copy is the answer's own next tokens up to the first type hint."""
     prompt = qwen_plain.tokenize(CODE_EDIT)
     answer = qwen_plain.generate(prompt, max_tokens=20, temperature=0).tokens
@@ -68,14 +68,14 @@ def test_an_answer_opening_as_the_prompts_code_block_copies_from_it(qwen_plain):
     greedy = SamplingConfig(temperature=0)
     source.propose([*prompt, answer[0]], Budget(16), greedy, np.random.default_rng(0))
     first = source.propose([*prompt, *answer[:2]], Budget(16), greedy, np.random.default_rng(0)).candidates[0]
-    assert first.evidence[:3] == (FRESH + 2, FRESH + 3, FRESH + 4)
+    assert first.evidence[:3] == tuple(Anchored(FRESH, at) for at in (2, 3, 4))
     assert first.tokens[:12] == tuple(answer[2:14]), qwen_plain.detokenize(answer)
 
 
 def test_an_answer_saying_its_own_phrases_again_copies_itself_as_such(qwen_plain):
     """The target's explanation of hash tables says its own phrases again (a hash table, the
     collisions): lookup's anchor moves into the answer, and its candidates there are rated as
-    the text copying itself (OWN_TEXT + the anchor's bucket), below a copy of the prompt; so
+    the text copying itself (own evidence), below a copy of the prompt; so
     are n-gram matches of at least OWN_MATCH tokens that only the answer went on like."""
     prompt = qwen_plain.tokenize(chatml("Explain in detail how a hash table works: hash functions, buckets, "
                                         "collision handling by chaining and by open addressing, load factor "
@@ -88,21 +88,21 @@ def test_an_answer_saying_its_own_phrases_again_copies_itself_as_such(qwen_plain
         text = [*prompt, *answer[:k]]
         found = source.propose(text, Budget(16), greedy, np.random.default_rng(0)).candidates
         for cand in found:
-            if cand.evidence[0] >= OWN_TEXT + MATCH:  # a match the answer alone went on like
+            if isinstance(cand.evidence[0], Matched) and cand.evidence[0].own:  # a match the answer alone went on like
                 assert any(text[e - OWN_MATCH:e] == text[-OWN_MATCH:] and text[e] == cand.tokens[0]
                            for e in range(len(prompt) + OWN_MATCH, len(text)))
                 own_matches += 1
         anchor = source.lookup.anchor
-        if anchor is None or not found or found[0].evidence[0] % OWN_TEXT >= MATCH:
+        if anchor is None or not found or isinstance(found[0].evidence[0], Matched):
             continue  # no anchor, or it has nothing to copy: n-gram matches only
         in_answer = anchor.index == 0 and anchor.pos >= len(prompt)
-        assert all((e >= OWN_TEXT) == in_answer for e in found[0].evidence)
+        assert all(e.own == in_answer for e in found[0].evidence)
         own += in_answer
     assert own >= 5 and own_matches >= 5, (own, own_matches, qwen_plain.detokenize(answer))
     model = AcceptanceModel()
-    assert model.rate("lookup", OWN_TEXT + FRESH) < model.rate("lookup", FRESH)
-    alone = MATCH + SUPPORT + OWN_MATCH  # agreeing on OWN_MATCH tokens, nothing else going on so
-    assert model.rate("lookup", OWN_TEXT + alone) < model.rate("lookup", alone)
+    assert model.rate("lookup", Anchored(FRESH, 0, own=True)) < model.rate("lookup", Anchored(FRESH, 0))
+    alone = length_bucket(OWN_MATCH)  # agreeing on OWN_MATCH tokens, nothing else going on so
+    assert model.rate("lookup", Matched(1, alone, own=True)) < model.rate("lookup", Matched(1, alone))
 
 
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):

@@ -5,11 +5,18 @@ import pytest
 
 from llamaspec.sources.base import Candidate, Rider
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
-from llamaspec.planning.planner import Limits, Planner, _nodes
+from llamaspec.planning import planner
+from llamaspec.planning.planner import Limits, Planner
+from llamaspec.sources.registry import default_registry
 from llamaspec.sampling import Distribution
 
 ROOMY = Limits(max_depth=64, max_rows=512, room=1000, max_leaves=8)
 GPU = CostCurve([1.0] * 32, 30.0, 2, "gpu")  # verifying n tokens costs what one does
+
+
+def _nodes(candidates, rates):
+    """The planning trie, with the built-in sources' shadowing."""
+    return planner._nodes(candidates, rates, default_registry().shadowed())
 
 
 def curve(xs, ys, ms=30.0):

@@ -149,12 +149,13 @@ class _Sample:
 
 class Scheduler:
     """Runs requests on a BatchEngine. ``limit``: the positions one lane may use; ``cells``:
-    the KV cells of the whole context (a request of n samples may use n lanes' share)."""
+    the KV cells of the whole context (a request of n samples may use n lanes' share); ``model``:
+    the acceptance model every lane's speculator shares."""
 
     def __init__(self, engine: BatchEngine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
-                 cells: int, limit: int) -> None:
+                 cells: int, limit: int, model: Optional[AcceptanceModel] = None) -> None:
         self.engine, self.vocab, self.sources, self.planner = engine, vocab, sources, planner
-        self.model = AcceptanceModel()  # shared: every sample teaches every other
+        self.model = model if model is not None else AcceptanceModel()  # shared: every sample teaches every other
         self.cells, self.limit = cells, limit
         self._inbox: "queue.SimpleQueue[Request]" = queue.SimpleQueue()
         self._waiting: Deque[Request] = deque()

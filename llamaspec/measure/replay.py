@@ -26,10 +26,9 @@ import numpy as np
 from ..engine.acceptance import walk_greedy
 from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Candidate, Outcome
-from ..config import LookaheadConfig, SamplingConfig
+from ..config import SamplingConfig
 from ..planning.costs import CostCurve, CostModel
-from ..sources.lookahead import LookaheadSource
-from ..sources.lookup import LookupSource
+from ..sources.registry import Loaded, default_registry
 from ..planning.planner import MAX_LEAVES, Limits, Planner
 from ..sequences import common_prefix
 from ..planning.speculator import Speculator
@@ -65,12 +64,9 @@ def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"
     """The sources a replay can run (``sources`` of lookup and lookahead; lookup compares text
     when given the ``vocab``) with a fresh acceptance model (or ``model``) and a planner on
     ``curve``; candidates end at the vocab's end-of-generation tokens."""
-    found: list = []
-    if "lookup" in sources:
-        found.append(LookupSource(piece=vocab.piece if vocab is not None else None))
-    if "lookahead" in sources:
-        found.append(LookaheadSource(LookaheadConfig()))
-    return Speculator(found, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
+    registry = default_registry()
+    built = registry.build(frozenset(sources), Loaded(piece=vocab.piece if vocab is not None else None))
+    return Speculator(built, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
                       vocab.eog_tokens if vocab is not None else frozenset())
 
 

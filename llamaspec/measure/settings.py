@@ -10,6 +10,7 @@ from ..llama.binding import ModelPool
 from ..api import LlamaSpec
 from ..config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError
+from ..sources.registry import Need, default_registry
 
 _DRAFT, _LOOKUP, _LOOKAHEAD = DraftConfig(), LookupConfig(), LookaheadConfig()
 
@@ -74,14 +75,14 @@ class Strategy:
 
     @property
     def needs_draft(self) -> bool:
-        return "draft" in (self.spec.sources or ())
+        registry = default_registry()
+        return any(Need.DRAFT_MODEL in registry[name].needs for name in self.spec.sources or ())
 
 
 STRATEGIES: Dict[str, Strategy] = {
     "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
-    "lookup": Strategy("lookup alone: copies of the prompt and the output", SpecConfig(frozenset({"lookup"}))),
-    "lookahead": Strategy("lookahead alone: Jacobi window and n-gram pool", SpecConfig(frozenset({"lookahead"}))),
-    "draft": Strategy("the draft model alone", SpecConfig(frozenset({"draft"}))),
+    **{name: Strategy(default_registry()[name].describe, SpecConfig(frozenset({name})))
+       for name in ("lookup", "lookahead", "draft")},
     "draft-fixed": Strategy("the draft model every step, --draft-max tokens (llama-speculative-simple's way)",
                             SpecConfig(frozenset({"draft"}), frozenset({"draft"}))),
     "auto": Strategy("every source the models allow, chosen step by step (the default)", SpecConfig()),

@@ -2,7 +2,7 @@
 
 The model. A candidate token v is accepted when its parent was and the target picks v's token:
 P(v) = P(parent) * a(v), with a(v) from the acceptance model's per-token estimates (where
-several candidates share v, the best of their chains, but see SHADOWED); the children of one
+several candidates share v, the best of their chains, but see ``Plugin.shadowed_by``); the children of one
 node exclude each other, so the best estimated child keeps its a and each next one gets at most
 what the better ones leave. Verifying the node set S emits on average
 
@@ -56,9 +56,10 @@ tries, the window and the draft model; on a steep CPU curve it picks short draft
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import FrozenSet, List, Optional, Sequence, Tuple
+from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..sources.base import Budget, Candidate, Rider
+from ..sources.registry import default_registry
 from .costs import N_MAX, CostModel
 from .trie import Trie
 
@@ -66,14 +67,6 @@ from .trie import Trie
 MAX_LEAVES = 8
 # A draft model's catch-up is charged this many steps' share each step (see Planner.ask).
 CATCH_UP_STEPS = 8
-# Sources whose text candidates another source also finds, with more specific evidence: where
-# both propose a token, only the other's estimate counts. Lookahead's pool holds the n-grams of
-# the prompt, the references and the output, which lookup reads too; lookup's evidence (match
-# length, the anchor's edit history) knows where a copy is about to be edited, the pool's
-# (context match) does not, and its estimates, learned mostly where both agree on a copy, would
-# rate the edit points as copies. (On this CPU's steep curve the best of the two made `auto`
-# slower than lookup alone in replays.)
-SHADOWED = {"lookahead": "lookup"}
 # A node whose likeliest child is accepted less than this, given the node, ends its copy (see _worth).
 GOES_ON = 0.7
 # Draft lengths tried when deciding whether to ask a draft model.
@@ -117,7 +110,8 @@ class Planner:
     """Chooses what to verify from candidates, their per-token acceptance estimates and the costs.
 
     Sources named in ``fixed`` are verified whole, every step (and their rider always rides): how
-    llama.cpp's programs verify, for comparing with them.
+    llama.cpp's programs verify, for comparing with them. ``shadowed``: source -> the source that
+    shadows it (``Plugin.shadowed_by``; by default the built-in sources').
     """
 
     RATE_DECAY = 0.95
@@ -126,9 +120,11 @@ class Planner:
     CALIBRATION_DECAY = 0.95
     CALIBRATION_PRIOR = 8.0
 
-    def __init__(self, costs: CostModel, fixed: FrozenSet[str] = frozenset()) -> None:
+    def __init__(self, costs: CostModel, fixed: FrozenSet[str] = frozenset(),
+                 shadowed: Optional[Mapping[str, str]] = None) -> None:
         self.costs = costs
         self.fixed = fixed
+        self.shadowed = default_registry().shadowed() if shadowed is None else shadowed
         self._tokens, self._cost = 0.0, 0.0  # decayed sums over recent steps
         self._accepted, self._estimated = 0.0, 0.0  # decayed sums over recent verified steps
 
@@ -168,7 +164,7 @@ class Planner:
         if not self.fixed and not self._may_pay(rates, rider, limits):
             return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
         lam = self.rate
-        parent, raw, depth, support = _nodes(candidates, rates)
+        parent, raw, depth, support = _nodes(candidates, rates, self.shadowed)
         prob = _scaled(parent, raw, self.calibration)
         worth = _worth(parent, prob, lam)
         forced = [v for v in range(1, len(parent))
@@ -327,20 +323,20 @@ def _worth(parent: Sequence[int], prob: Sequence[float], lam: float) -> List[flo
     return [lam if offered[v] and not goes_on[v] else 1.0 for v in range(len(parent))]
 
 
-def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]]):
+def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]], shadowed: Mapping[str, str]):
     """The planning trie: deterministic candidates merged, sampled ones (a draft model's) each on
     a branch of its own. Returns (parent, P, depth, support) per node, node 0 the root.
 
     Each candidate's own chain gives P_c(i) = rates[c][0] * .. * rates[c][i]; a node shared by
     several candidates takes the best of their chains (sources that copy the same text are not
-    independent evidence, so their estimates are not combined), a SHADOWED source's left out
-    where the source shadowing it proposes the node too. Then a(v) = P(v) / P(parent)."""
+    independent evidence, so their estimates are not combined), a ``shadowed`` source's left
+    out where the source shadowing it proposes the node too. Then a(v) = P(v) / P(parent)."""
     merged = [c for c, cand in enumerate(candidates) if cand.q is None]
     trie = Trie.build(-1, [candidates[c] for c in merged], [len(candidates[c].tokens) for c in merged])
     parent, depth = list(trie.parent), list(trie.depth)
     support = [[(merged[i], pos) for i, pos in s] for s in trie.support]
     chains = _chains(rates)
-    best = [max((chains[c][pos] for c, pos in _unshadowed(s, candidates)), default=1.0) for s in support]
+    best = [max((chains[c][pos] for c, pos in _unshadowed(s, candidates, shadowed)), default=1.0) for s in support]
     for c, cand in enumerate(candidates):
         if cand.q is None:
             continue
@@ -377,9 +373,10 @@ def _chains(rates: Sequence[Sequence[float]]) -> List[List[float]]:
     return chains
 
 
-def _unshadowed(support: Sequence[Tuple[int, int]], candidates: Sequence[Candidate]) -> Sequence[Tuple[int, int]]:
-    """The (candidate, position) pairs behind a node whose estimates count (see SHADOWED)."""
+def _unshadowed(support: Sequence[Tuple[int, int]], candidates: Sequence[Candidate],
+                shadowed: Mapping[str, str]) -> Sequence[Tuple[int, int]]:
+    """The (candidate, position) pairs behind a node whose estimates count (see ``_nodes``)."""
     names = {candidates[c].source for c, _ in support}
-    if not any(SHADOWED.get(name) in names for name in names):
+    if not any(shadowed.get(name) in names for name in names):
         return support
-    return [(c, pos) for c, pos in support if SHADOWED.get(candidates[c].source) not in names]
+    return [(c, pos) for c, pos in support if shadowed.get(candidates[c].source) not in names]

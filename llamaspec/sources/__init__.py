@@ -1,7 +1,8 @@
 """Draft sources: each proposes candidate tokens that may follow the text; none touches the target.
 
     base.py         the interface every source implements and what flows through a step
-                    (Candidate, Proposal, Budget, Outcome, Rider)
+                    (Source, Candidate, Proposal, Budget, Outcome, Rider)
+    registry.py     every source as a plugin: its name, needs, evidence priors; which run
     lookup.py       copies of the prompt, the text so far and references (prompt lookup)
     ngram_cache.py  llama.cpp's n-gram cache files (llama-lookup's)
     lookahead.py    lookahead decoding: an n-gram pool and a Jacobi window riding in the batch

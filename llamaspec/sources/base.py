@@ -7,7 +7,8 @@ Data flows one way::
        +------------------------------ learn (one call) ----------------------------+
 
 A source proposes candidates: tokens that may follow the text, each with the evidence for it
-(a small integer bucket per token: a match length, a draft model's confidence, ...). Proposing
+(a key per token that names what the source saw: a match of so many tokens, a draft model's
+confidence, ...; each source declares its keys and their priors, see ``registry.py``). Proposing
 nothing is always a valid answer: the step then decodes one token plainly. A source carries no
 scratch state from ``propose`` to ``learn``: the outcome holds every candidate of the step.
 """
@@ -15,7 +16,7 @@ scratch state from ``propose`` to ``learn``: the outcome holds every candidate o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from ..sampling import Distribution
 if TYPE_CHECKING:
     from ..llama.binding import Context
 
+# What a source saw behind one candidate token: the acceptance model keys its estimates on it.
+Evidence = Hashable
 # A batch row of a rider: (token, position offset from the pending token, local sequence ids, logits?).
 RiderRow = Tuple[int, int, Tuple[int, ...], bool]
 
@@ -33,20 +36,20 @@ RiderRow = Tuple[int, int, Tuple[int, ...], bool]
 class Candidate:
     """Tokens a source proposes to follow the text.
 
-    ``evidence[i]`` is the bucket of ``tokens[i]``: what the acceptance model keys its estimate
-    of "accepted, given the tokens before it were" on. ``q`` is set for tokens sampled from a
+    ``evidence[i]`` is the evidence key of ``tokens[i]``: what the acceptance model keys its
+    estimate of "accepted, given the tokens before it were" on. ``q`` is set for tokens sampled from a
     draft model: ``tokens[i]`` was drawn from ``q[i]``; without it the candidate is
     deterministic (a point mass).
     """
 
     tokens: Tuple[int, ...]
     source: str
-    evidence: Tuple[int, ...]
+    evidence: Tuple[Evidence, ...]
     q: Optional[Tuple[Distribution, ...]] = None
 
     def __post_init__(self) -> None:
         if len(self.evidence) != len(self.tokens) or (self.q is not None and len(self.q) != len(self.tokens)):
-            raise ValueError("a candidate needs one evidence bucket (and one q) per token")
+            raise ValueError("a candidate needs one evidence key (and one q) per token")
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,13 @@ class Budget:
     ``max_len``: the longest candidate worth proposing; ``max_candidates``: how many;
     ``stop_below``: a source that pays per drafted token (a draft model) stops when the
     estimated chance that its whole path is accepted falls below this; ``rates``: the
-    acceptance model's estimate for each of the source's evidence buckets.
+    acceptance model's estimate for each of the source's evidence keys.
     """
 
     max_len: int
     max_candidates: int = 4
     stop_below: float = 0.0
-    rates: Mapping[int, float] = field(default_factory=dict)
+    rates: Mapping[Evidence, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,25 +124,43 @@ class Outcome:
         return len(self.emitted) - 1
 
 
-class Source(Protocol):
-    """A draft source. ``expensive`` sources (a draft model) cost time to propose, so the
-    planner decides first whether to ask them at all."""
+class Source:
+    """A draft source: everything the speculator and the engine call on one. A source that reads
+    only the text overrides ``propose`` and, where it keeps memory, ``learn`` and ``finish``.
 
-    name: str
-    expensive: bool
+    ``name``: its name in ``--spec``, the statistics and the acceptance model. ``max_len``: the
+    longest candidate it proposes, where it has a limit of its own (0: the budget's). ``expensive``: proposing costs time before anything is known
+    of the proposal (a draft model's decodes, on its own cost curve named after it), so the
+    planner decides first whether to ask it (``Planner.ask``), from ``lag``.
+    """
+
+    name: str = ""
+    max_len: int = 0
+    expensive: bool = False
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         """Candidates to follow ``tokens`` (its last token is pending, not yet in any cache)."""
+        raise NotImplementedError
+
+    def lag(self, tokens: Sequence[int]) -> int:
+        """Accepted tokens (the pending one aside) it must catch up on before proposing after
+        ``tokens``: what an expensive source's next proposal costs beyond its drafting."""
+        return 0
 
     def learn(self, outcome: Outcome) -> None:
         """The step is over."""
 
     def contexts(self) -> List["Context"]:
         """The llama.cpp contexts this source owns (the engine rolls them back with the target's)."""
+        return []
 
     def finish(self, tokens: Sequence[int]) -> None:
         """The generation is over; keep what should outlive it (a dynamic n-gram cache)."""
+
+
+# Every value length_bucket gives.
+LENGTH_BUCKETS = (0, 1, 2, 3, 4, 5, 8, 12, 16, 24, 32)
 
 
 def length_bucket(n: int) -> int:

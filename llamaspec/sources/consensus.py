@@ -15,29 +15,43 @@ likelier the target samples it too (the acceptance model learns how likely)::
 ``Siblings`` is the board the samples of one group share: each sample's source writes its own
 text there when it learns, and reads the others' when it proposes.
 
-Evidence: token i of a candidate is in bucket ``10 * min(agreeing, 3) + min(length_bucket(L + i), 8)``,
+Evidence: token i of a candidate is ``Agreed(min(agreeing, MAX_AGREEING), min(length_bucket(L + i), MAX_LENGTH))``,
 ``agreeing`` the siblings whose continuation holds the candidate's first i + 1 tokens and ``L``
 how many tokens before the occurrence agree with the text.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .base import Budget, Candidate, Outcome, Proposal, length_bucket
+from .base import Budget, Candidate, Outcome, Proposal, Source, length_bucket
 from ..config import SamplingConfig
 from .lookup import SCAN, TokenIndex, agreement
+from .registry import Need, Plugin
 
 NAME = "consensus"
 NGRAM_MAX = 4
+# Evidence counts agreeing siblings up to MAX_AGREEING and match lengths up to MAX_LENGTH.
+MAX_AGREEING = 3
+MAX_LENGTH = 8
 
 
-def bucket(agreeing: int, match: int) -> int:
-    """The evidence bucket of a token that ``agreeing`` siblings continue with after a match of
+@dataclass(frozen=True)
+class Agreed:
+    """A token that ``siblings`` sibling samples continue with after a match whose length
+    bucket is ``length``."""
+
+    siblings: int
+    length: int
+
+
+def evidence(agreeing: int, match: int) -> Agreed:
+    """The evidence of a token that ``agreeing`` siblings continue with after a match of
     ``match`` tokens."""
-    return 10 * min(agreeing, 3) + min(length_bucket(match), 8)
+    return Agreed(min(agreeing, MAX_AGREEING), min(length_bucket(match), MAX_LENGTH))
 
 
 class Siblings:
@@ -85,20 +99,19 @@ def candidates(found: Sequence[Tuple[Tuple[int, ...], int]], max_candidates: int
     result = []
     for cont, agree in out:
         match = max(a for c, a in found if c[:1] == cont[:1])
-        evidence = []
+        keys = []
         for i in range(len(cont)):
             agreeing = sum(1 for c, _ in found if c[:i + 1] == cont[:i + 1])
-            evidence.append(bucket(agreeing, match + i))
-        result.append((evidence[0], agree, Candidate(cont, NAME, tuple(evidence))))
-    result.sort(key=lambda r: (-r[0], -r[1]))
+            keys.append(evidence(agreeing, match + i))
+        result.append((keys[0], agree, Candidate(cont, NAME, tuple(keys))))
+    result.sort(key=lambda r: (-r[0].siblings, -r[0].length, -r[1]))
     return [c for _, _, c in result[:max_candidates]]
 
 
-class ConsensusSource:
+class ConsensusSource(Source):
     """Candidates for sample ``sample`` from its siblings' texts (see the module docstring)."""
 
     name = NAME
-    expensive = False
 
     def __init__(self, siblings: Siblings, sample: int) -> None:
         self.siblings, self.sample = siblings, sample
@@ -112,9 +125,14 @@ class ConsensusSource:
     def learn(self, outcome: Outcome) -> None:
         self.siblings.update(self.sample, outcome.tokens)
 
-    def contexts(self) -> list:
-        return []
-
     def finish(self, tokens: Sequence[int]) -> None:
         self.siblings.update(self.sample, tokens)
 
+
+
+# Priors: a match's length as for lookup, raised by each further agreeing sibling.
+_ONE_SIBLING = {0: 0.1, 1: 0.15, 2: 0.25, 3: 0.35, 4: 0.45, 5: 0.55, 8: 0.65}
+PLUGIN = Plugin(
+    NAME, lambda loaded, text: ConsensusSource(text.siblings, text.sample),
+    {Agreed(a, m): min(0.9, p + 0.1 * (a - 1)) for a in range(1, MAX_AGREEING + 1) for m, p in _ONE_SIBLING.items()},
+    overall=0.3, needs=frozenset({Need.SIBLINGS}), describe="what sibling samples of the prompt wrote")

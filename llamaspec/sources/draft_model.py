@@ -3,17 +3,16 @@
 It drafts autoregressively: one decode of the draft model per token. That costs time before
 anything is known of the proposal, so it is an *expensive* source: the planner asks it only when
 a draft is expected to pay, and tells it when to stop (``Budget.stop_below``: once the chance
-that its whole path is accepted, from the acceptance model's estimate per confidence bucket, no
+that its whole path is accepted, from the acceptance model's estimate per confidence decile, no
 longer repays one more draft decode).
 
 Its cache follows the text lazily: while it is not asked it decodes nothing, and when it is
 asked next it catches up on every accepted token it missed in one batch, together with the
 pending token. Draft tokens the target accepted stay in its cache; the engine cuts the rest.
 
-Evidence: bucket ``round(10 * c)`` where c is the draft's top probability at that position
-(with sampling, the top probability of q after the sampler's transform). The bucket depends on
-q only, never on the token drawn from it, so choosing tokens by it keeps speculative sampling
-exact.
+Evidence: the decile ``round(10 * c)`` of c, the draft's top probability at that position
+(with sampling, the top probability of q after the sampler's transform). It depends on q only,
+never on the token drawn from it, so choosing tokens by it keeps speculative sampling exact.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from ..llama.binding import Context
-from .base import Budget, Candidate, Outcome, Proposal
+from .base import Budget, Candidate, Proposal, Source
+from .registry import Need, Plugin
 from ..config import DraftConfig, SamplingConfig
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
@@ -36,7 +36,7 @@ def top_probability(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - m).sum())
 
 
-class DraftModelSource:
+class DraftModelSource(Source):
     """Draft tokens from a small model, each with the q it was drawn from when sampling."""
 
     name = "draft"
@@ -45,10 +45,7 @@ class DraftModelSource:
     def __init__(self, ctx: Context, config: DraftConfig) -> None:
         self.ctx = ctx
         self.config = config
-
-    @property
-    def max_len(self) -> int:
-        return self.config.draft_max
+        self.max_len = config.draft_max
 
     def lag(self, tokens: Sequence[int]) -> int:
         """Accepted tokens (the pending one aside) the draft's cache does not hold."""
@@ -65,7 +62,7 @@ class DraftModelSource:
         self.ctx.truncate(keep)
         self._eval(tokens[keep:], decodes)  # the catch-up and the pending token, one batch
         drafted: List[int] = []
-        buckets: List[int] = []
+        deciles: List[int] = []
         qs: List[Distribution] = []
         path = 1.0  # estimated chance that every token drafted so far is accepted
         while True:
@@ -76,14 +73,14 @@ class DraftModelSource:
             else:
                 q = transform(logits, sampling)
                 confidence = float(q.probs.max())
-            bucket = int(round(10 * confidence))
+            decile = int(round(10 * confidence))
             # decided before the token is drawn: the token then stays distributed as q
-            path *= budget.rates.get(bucket, confidence)
+            path *= budget.rates.get(decile, confidence)
             if confidence < cfg.draft_p_min or path < budget.stop_below:
                 break
             x = int(logits.argmax()) if q is None else sample(q, rng)
             drafted.append(x)
-            buckets.append(bucket)
+            deciles.append(decile)
             if q is not None:
                 qs.append(q)
             if len(drafted) == max_len:
@@ -91,7 +88,7 @@ class DraftModelSource:
             self._eval([x], decodes)
         if not drafted or len(drafted) < cfg.draft_min:
             return Proposal(decodes=tuple(decodes))
-        cand = Candidate(tuple(drafted), self.name, tuple(buckets), None if sampling.greedy else tuple(qs))
+        cand = Candidate(tuple(drafted), self.name, tuple(deciles), None if sampling.greedy else tuple(qs))
         return Proposal((cand,), decodes=tuple(decodes))
 
     def _eval(self, tokens: Sequence[int], decodes: List[Tuple[int, float]]) -> None:
@@ -99,11 +96,11 @@ class DraftModelSource:
         self.ctx.eval(tokens, logits="last")
         decodes.append((len(tokens), time.perf_counter() - t0))
 
-    def learn(self, outcome: Outcome) -> None:
-        pass
-
     def contexts(self) -> List[Context]:
         return [self.ctx]
 
-    def finish(self, tokens: Sequence[int]) -> None:
-        pass
+
+PLUGIN = Plugin(
+    "draft", lambda loaded, text: DraftModelSource(loaded.draft_ctx, loaded.draft),
+    {decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, overall=0.6,
+    needs=frozenset({Need.DRAFT_MODEL}), expensive=True, describe="the draft model alone")

@@ -39,18 +39,27 @@ always rides, as llama.cpp's ``llama-lookahead`` does.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..llama.binding import max_sequences
-from .base import Budget, Candidate, Outcome, Proposal, Rider, RiderRow, length_bucket
+from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Rider, RiderRow, Source, length_bucket
+from .registry import Plugin
 from ..config import LookaheadConfig, SamplingConfig
 from ..errors import ConfigError
 from ..sequences import appended, common_prefix
 
-# Buckets of n-grams the window produced start here (text n-grams use 0 .. 32).
-WINDOW_BUCKETS = 64
+
+@dataclass(frozen=True)
+class Pooled:
+    """A token of a pool n-gram: ``length`` the length bucket of its match with the text, up
+    to that token; ``window``: the Jacobi window produced the n-gram, not the text."""
+
+    length: int
+    window: bool = False
+
 # What one window ride is worth before any evidence (future accepted tokens), its weight in
 # rides, and how fast evidence decays (per step).
 WINDOW_PRIOR = 0.1
@@ -151,20 +160,20 @@ class Window:
         return grams
 
 
-class LookaheadSource:
+class LookaheadSource(Source):
     """Lookahead decoding as a draft source: pool n-grams that start with the pending token are
     candidates, and the Jacobi window is a rider (it rides when the planner finds it pays).
 
-    Evidence: token i of an n-gram whose preceding tokens match the text on m tokens is in
-    bucket ``length_bucket(1 + m + i)`` (the n-gram's first token matches too), plus
-    ``WINDOW_BUCKETS`` for n-grams the window produced rather than the text.
+    Evidence: token i of an n-gram whose preceding tokens match the text on m tokens is
+    ``Pooled(length_bucket(1 + m + i), window)`` (the n-gram's first token matches too), with
+    ``window`` for n-grams the window produced rather than the text.
     """
 
     name = "lookahead"
-    expensive = False
 
     def __init__(self, config: LookaheadConfig, references: Sequence[Sequence[int]] = ()) -> None:
         self.config = config
+        self.max_len = config.n - 1
         self.pool = NgramPool(config.n)
         for ref in references:
             self.pool.add_text(ref)
@@ -185,8 +194,7 @@ class LookaheadSource:
         k = min(self.config.n - 1, budget.max_len)
         found = self.pool.candidates(tokens[-1 - NgramPool.CONTEXT:-1], tokens[-1], self.config.g) if k > 0 else []
         cands = tuple(Candidate(tuple(cont[:k]), self.name,
-                                tuple((WINDOW_BUCKETS if window else 0) + length_bucket(1 + match + i)
-                                      for i in range(k)))
+                                tuple(Pooled(length_bucket(1 + match + i), window) for i in range(k)))
                       for cont, match, window in found)
         rider = None
         if self.window is not None:
@@ -202,7 +210,7 @@ class LookaheadSource:
                 n = 0
                 while n < min(len(cand.tokens), len(accepted)) and cand.tokens[n] == accepted[n]:
                     n += 1
-                if cand.evidence and cand.evidence[0] >= WINDOW_BUCKETS:
+                if cand.evidence and cand.evidence[0].window:
                     best = max(best, n)
         self._credit *= WINDOW_DECAY
         self._rides *= WINDOW_DECAY
@@ -250,3 +258,20 @@ def check_fits(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, w
         raise ConfigError(f"a lookahead step needs {rows + 1} cells beyond the text, more than half the "
                           f"{n_ctx}-token context; lower W, G or N or raise the context size (-c)")
     return n_seq
+
+
+# Priors, by the length bucket of the match (from replays of the recorded answers, see lookup's);
+# any other key, the window's n-grams' among them, OTHER. Lookup shadows the pool: it holds the
+# n-grams of the prompt, the references and the output, which lookup reads too; lookup's
+# evidence (match length, the anchor's edit history) knows where a copy is about to be edited,
+# the pool's (context match) does not, and its estimates, learned mostly where both agree on a
+# copy, would rate the edit points as copies. (On a steep CPU curve the best of the two made
+# `auto` slower than lookup alone in replays.)
+_POOL = {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85}
+OTHER = 0.1
+PLUGIN = Plugin(
+    "lookahead", lambda loaded, text: LookaheadSource(loaded.lookahead, text.references),
+    {Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
+     for length in LENGTH_BUCKETS for window in (False, True)},
+    overall=OTHER, shadowed_by="lookup", reads_references=True,
+    describe="lookahead alone: Jacobi window and n-gram pool")

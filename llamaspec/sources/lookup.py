@@ -7,9 +7,9 @@ candidate (the planner merges them into a trie and verifies what pays). Candidat
 by how many tokens before the occurrence agree with the text (the most specific context
 first), then by recency. Nothing here touches a model.
 
-Evidence: token i of a candidate whose occurrence agrees with the text on L tokens is in
-bucket ``MATCH + SUPPORT * s + length_bucket(L + i)``: once its first i tokens are accepted, the
-copy agrees on L + i; s says how the other occurrences that agree at least as well went on
+Evidence: token i of a candidate whose occurrence agrees with the text on L tokens is
+``Matched(support, length_bucket(L + i))``: once its first i tokens are accepted, the copy
+agrees on L + i; the support says how the other occurrences that agree at least as well went on
 after those i tokens: CONTESTED when one of them went on differently, else how many went on
 alike (1: this one alone, 2, 3 or more). A continuation every occurrence agrees on is far
 likelier (a JSON record's ``",\n  "`` after each value, a name repeated in a story): over the recorded
@@ -17,12 +17,12 @@ answers a 1-token match is accepted 11% of the time when contested, 29% alone, 4
 occurrences alike and 71% with three or more.
 
 Besides n-gram matches, lookup follows one anchor, the place the text is copying from (see
-PromptLookup); its tokens have buckets of their own (fresh, in step, out of step, resumed).
+PromptLookup); its tokens are ``Anchored`` (fresh, in step, out of step, resumed).
 
 A text copies itself (a phrase said again, a list's next item) less surely than it copies the
 prompt or a reference: where the anchor is in the text being written, and where an n-gram match
 of at least OWN_MATCH tokens goes on as only the text being written did (support 1), the
-tokens' buckets are OWN_TEXT + the usual ones.
+tokens' evidence says so (``own``), with priors of their own.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .base import Budget, Candidate, Outcome, Proposal, length_bucket
+from .base import LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
+from .registry import Loaded, Plugin, TextContext
 from ..config import SamplingConfig
 from ..sequences import common_prefix
 
@@ -121,24 +122,22 @@ class Anchor:
     edit: int = 0
 
 
-# Evidence buckets of lookup. Token i of an n-gram match that agrees with the text on L tokens:
-# MATCH + SUPPORT * support + length_bucket(L + i) (see the module's docstring). Of the anchor's
-# continuation: once the text has copied at least FRESH_UNTIL tokens from it, IN_STEP + 10 * the
-# token's edit class + (copied + i >= 16); before that (it was just set, moved or realigned
-# after an edit; unless the token was never kept, see PromptLookup._in_step) FRESH +
-# min(copied + i, 5), or RESUMED + min(copied + i, 5) when the realignment resumed a trusted copy
-# after an edit of at most SHORT_EDIT tokens and at most SHORT_EDIT tokens on (a type hint
-# inserted, a word replaced: such copies go on); while the text is still being edited (out of
-# step), OUT_OF_STEP + min(i, 4). Edit classes of a source token, from how the text treated that
-# token id when copying it so far: 0 never copied yet, 1 always kept, 2 edited less than half
-# the time, 3 more often, 4 never kept and edited at least twice (edits repeat: a file gets the
-# same change on every line, a summary ends its line at every quoted sentence's end), 5 never
-# copied yet and the end of a sentence in the source (a quote often stops there).
-IN_STEP = 120
-FRESH = 80
+# Evidence of lookup. The anchor's continuation (``Anchored``): once the text has copied at
+# least FRESH_UNTIL tokens from it, IN_STEP with the token's edit class, ``at`` 1 once
+# copied + i >= 16; before that (it was just set, moved or realigned after an edit; unless the
+# token was never kept, see PromptLookup._in_step) FRESH with ``at`` min(copied + i, 5), or
+# RESUMED when the realignment resumed a trusted copy after an edit of at most SHORT_EDIT
+# tokens and at most SHORT_EDIT tokens on (a type hint inserted, a word replaced: such copies
+# go on); while the text is still being edited, OUT_OF_STEP with ``at`` min(i, 4). Edit classes
+# of a source token, from how the text treated that token id when copying it so far: 0 never
+# copied yet, 1 always kept, 2 edited less than half the time, 3 more often, 4 never kept and
+# edited at least twice (edits repeat: a file gets the same change on every line, a summary
+# ends its line at every quoted sentence's end), 5 never copied yet and the end of a sentence in
+# the source (a quote often stops there).
+IN_STEP, FRESH, OUT_OF_STEP, RESUMED = "in step", "fresh", "out of step", "resumed"
+STATES = {FRESH: range(6), OUT_OF_STEP: range(5), RESUMED: range(6), IN_STEP: range(2)}
+EDIT_CLASSES = range(6)
 FRESH_UNTIL = 4
-OUT_OF_STEP = 90
-RESUMED = 100
 SHORT_EDIT = 4
 # A source token the text departed from this many times and never copied ends a fresh copy too
 # (once is enough: a JSON record written from "key: value" lines departs at every ':').
@@ -153,21 +152,43 @@ DISTANCE = 0.25
 # copying, 10 tokens on average, while a single token at the start was a copy none of the time).
 MOVE = 4
 COPIES_ALL = 2
-# n-gram matches: MATCH + SUPPORT * support + length bucket; support is CONTESTED or how many
-# occurrences went on alike, up to MAX_SUPPORT.
-MATCH = 200
-SUPPORT = 40
+# n-gram matches: the support is CONTESTED or how many occurrences went on alike, up to MAX_SUPPORT.
 CONTESTED = 0
 MAX_SUPPORT = 3
-# Candidates copied from the text being written (the text copying itself): OWN_TEXT + the
-# bucket, for the anchor's tokens where the anchor is there, and for an n-gram match agreeing
-# on at least OWN_MATCH tokens where that occurrence alone goes on so (support 1). Such copies
-# go on less often than those of the prompt or a reference: over the 35 recorded answers of
-# tests/data, a fresh anchor's tokens were accepted 56% of the time there against 87%, in step
-# 66% against 77%, resumed 81% against 96%; an alone match's (of at least 2 tokens) 46% against
-# 70%, where most such matches are in the answer (373 tokens against 278).
-OWN_TEXT = 400
+# Candidates copied from the text being written (the text copying itself): the anchor's tokens
+# where the anchor is there, and an n-gram match's agreeing on at least OWN_MATCH tokens where
+# that occurrence alone goes on so (support 1) are ``own``. Such copies go on less often than
+# those of the prompt or a reference: over the 35 recorded answers of tests/data, a fresh
+# anchor's tokens were accepted 56% of the time there against 87%, in step 66% against 77%,
+# resumed 81% against 96%; an alone match's (of at least 2 tokens) 46% against 70%, where most
+# such matches are in the answer (373 tokens against 278).
 OWN_MATCH = 2
+
+
+@dataclass(frozen=True)
+class Anchored:
+    """A token of the anchor's continuation: its copy's ``state`` (FRESH, IN_STEP, OUT_OF_STEP,
+    RESUMED), ``at`` (see STATES), in step the token's ``edit`` class; ``own``: the anchor is in
+    the text being written."""
+
+    state: str
+    at: int
+    edit: int = 0
+    own: bool = False
+
+
+@dataclass(frozen=True)
+class Matched:
+    """A token of an n-gram match's continuation: how the other occurrences went on there
+    (``support``), the length bucket of the match's agreement with the text at that token
+    (``length``); ``own``: the occurrence is in the text being written."""
+
+    support: int
+    length: int
+    own: bool = False
+
+
+Evidence = Union[Anchored, Matched]
 
 
 class PromptLookup:
@@ -265,9 +286,9 @@ class PromptLookup:
             out = self.piece(tokens[i]) + out
         return out[-REALIGN_BYTES:]
 
-    def find(self, max_len: int, max_candidates: int) -> List[Tuple[List[int], Tuple[int, ...]]]:
+    def find(self, max_len: int, max_candidates: int) -> List[Tuple[List[int], Tuple[Evidence, ...]]]:
         """Up to ``max_candidates`` distinct continuations of the history (each up to
-        ``max_len`` tokens), best first, each with the evidence bucket of every token."""
+        ``max_len`` tokens), best first, each with the evidence of every token."""
         hist = self.history.tokens
         end = len(hist)
         indexes = self._indexes()
@@ -292,16 +313,15 @@ class PromptLookup:
             a = self.anchor = Anchor(scored[0][2], scored[0][3])
             if scored[0][0] >= written:
                 a.copied = written  # everything written so far is a copy of it
-        found: List[Tuple[List[int], Tuple[int, ...]]] = []
+        found: List[Tuple[List[int], Tuple[Evidence, ...]]] = []
         if a is not None and a.pos < self._limit(a.index):
             src = indexes[a.index].tokens
             cont = src[a.pos:min(a.pos + max_len, self._limit(a.index))]
+            own = self._written(a.index, a.pos)
             if a.gap:
-                evidence = tuple(OUT_OF_STEP + min(i, 4) for i in range(len(cont)))
+                evidence = tuple(Anchored(OUT_OF_STEP, min(i, 4), own=own) for i in range(len(cont)))
             else:
-                evidence = tuple(self._in_step(a, i, src) for i in range(len(cont)))
-            if self._written(a.index, a.pos):
-                evidence = tuple(OWN_TEXT + e for e in evidence)
+                evidence = tuple(self._in_step(a, i, src, own) for i in range(len(cont)))
             found.append((cont, evidence))
         for agree, _, i, e in scored:
             if len(found) == max_candidates:
@@ -309,9 +329,8 @@ class PromptLookup:
             cont = indexes[i].tokens[e:min(e + max_len, self._limit(i))]
             if cont and not any(k[:len(cont)] == cont for k, _ in found):  # nothing new: a prefix of one kept
                 support = self._support(cont, agree, scored)
-                own = OWN_TEXT if self._written(i, e) and agree >= OWN_MATCH and support[0] == 1 else 0
-                found.append((cont, tuple(own + MATCH + SUPPORT * s + length_bucket(agree + j)
-                                          for j, s in enumerate(support))))
+                own = self._written(i, e) and agree >= OWN_MATCH and support[0] == 1
+                found.append((cont, tuple(Matched(s, length_bucket(agree + j), own) for j, s in enumerate(support))))
         return found
 
     def _written(self, index: int, pos: int) -> bool:
@@ -344,19 +363,19 @@ class PromptLookup:
             peers = alike
         return out
 
-    def _in_step(self, a: Anchor, i: int, src: Sequence[int]) -> int:
-        """The bucket of the anchor's i-th next token in its source ``src`` while the text is in
+    def _in_step(self, a: Anchor, i: int, src: Sequence[int], own: bool) -> Anchored:
+        """The evidence of the anchor's i-th next token in its source ``src`` while the text is in
         step with it. A token the text never copied but departed from (NEVER_KEPT times) takes
         its edit class's bucket even in a fresh or resumed copy: a summary quotes a sentence,
         then ends its line where the source goes on, every time."""
         token = src[a.pos + i]
         kept, edited = self.edits.get(token, (0, 0))
         if a.copied >= FRESH_UNTIL or (edited >= NEVER_KEPT and not kept):
-            return IN_STEP + 10 * self._edit_class(token, src, a.pos + i) + (a.copied + i >= 16)
-        return (RESUMED if a.resumed else FRESH) + min(a.copied + i, 5)
+            return Anchored(IN_STEP, int(a.copied + i >= 16), self._edit_class(token, src, a.pos + i), own)
+        return Anchored(RESUMED if a.resumed else FRESH, min(a.copied + i, 5), own=own)
 
     def _edit_class(self, token: int, src: Sequence[int] = (), pos: int = -1) -> int:
-        """The edit class of ``token``, at ``src[pos]`` when given (see IN_STEP)."""
+        """The edit class of ``token``, at ``src[pos]`` when given (see EDIT_CLASSES)."""
         kept, edited = self.edits.get(token, (0, 0))
         if kept + edited == 0:
             return 5 if 0 <= pos < len(src) - 1 and self._ends_sentence(src[pos], src[pos + 1]) else 0
@@ -375,11 +394,10 @@ class PromptLookup:
         return agreement(self._indexes()[a.index].tokens, a.pos, hist, len(hist))
 
 
-class LookupSource:
+class LookupSource(Source):
     """Prompt lookup as a draft source: the prompt, the output so far and references."""
 
     name = "lookup"
-    expensive = False
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
                  max_len: int = 31, piece: Optional[Callable[[int], bytes]] = None) -> None:
@@ -392,11 +410,64 @@ class LookupSource:
         found = self.lookup.find(min(budget.max_len, self.max_len), budget.max_candidates)
         return Proposal(tuple(Candidate(tuple(cont), self.name, evidence) for cont, evidence in found if cont))
 
-    def learn(self, outcome: Outcome) -> None:
-        pass
-
-    def contexts(self) -> list:
-        return []
-
     def finish(self, tokens: Sequence[int]) -> None:
         self.lookup.end_text()
+
+
+# Priors. They were chosen by replaying the target's real greedy answers to the bench suite
+# through the sources (``python scripts/fit_priors.py``): each key's acceptance over those
+# answers, rounded down. The anchor's in-step keys of tokens the text has not copied yet (edit
+# class 0) come from the suite's and eight more answers pooled (0.88 and 0.93 there, 0.98 and
+# 0.96 on the suite alone): a text's first departure from a copy (a value copied into a CSV line
+# or a YAML key, then the line's own punctuation) is where a long draft fails, and at 0.95 the
+# planner bet 15 rows on it. Tokens the text departed from twice and never kept (edit class 4)
+# are accepted 17% and 13% over the suite's and fourteen more answers. The end of a sentence a
+# copy has not met yet (edit class 5) is rare in the recorded answers (in every replay of them
+# all: 0 of 15 near the copy's start, 8 of 16 after 16 copied tokens); its priors were chosen by
+# replaying them (a quote's first period, where a summary ends its line, cost a 16-row bet).
+# The n-gram matches' priors by support come from the suite's and fourteen more answers pooled
+# (``tests/data/more_answers.json``) and were checked on sixteen answers used in no fit
+# (``tests/data/held_out_answers.json``).
+_IN_STEP = {  # edit class -> (at 0, at 1)
+    0: (0.85, 0.9), 1: (0.97, 0.97), 2: (0.85, 0.9), 3: (0.4, 0.3), 4: (0.15, 0.1), 5: (0.05, 0.3)}
+_ANCHOR = {**{Anchored(IN_STEP, at, edit): p for edit, ps in _IN_STEP.items() for at, p in enumerate(ps)},
+           **{Anchored(FRESH, at): p for at, p in enumerate((0.4, 0.58, 0.65, 0.75, 0.85, 0.9))},
+           **{Anchored(OUT_OF_STEP, at): p for at, p in enumerate((0.02, 0.5, 0.7, 0.8, 0.85))},
+           **{Anchored(RESUMED, at): p for at, p in enumerate((0.8, 0.85, 0.9, 0.9, 0.9, 0.95))}}
+_MATCH_LENGTHS = (1, 2, 3, 4, 5, 8, 12, 16, 24, 32)  # the length buckets with a prior of their own
+_MATCH = {support: dict(zip(_MATCH_LENGTHS, ps)) for support, ps in {
+    CONTESTED: (0.1, 0.1, 0.07, 0.2, 0.15, 0.1, 0.5, 0.4, 0.5, 0.5),
+    1: (0.28, 0.38, 0.6, 0.6, 0.6, 0.65, 0.75, 0.8, 0.85, 0.85),
+    2: (0.45, 0.65, 0.7, 0.75, 0.75, 0.8, 0.85, 0.85, 0.9, 0.9),
+    3: (0.7, 0.7, 0.85, 0.85, 0.85, 0.9, 0.9, 0.9, 0.9, 0.9)}.items()}
+# Copies of the text being written: OWN_FACTOR of the prior (the ratio of their acceptance to
+# the prompt's over the recorded answers: 0.64 to 0.86 by kind for the anchor, 0.66 for the
+# matches), for the anchor's keys and an alone match's of at least OWN_MATCH tokens.
+OWN_FACTOR = 0.75
+# Any other key: a match of a length bucket without a prior of its own, or an own match whose
+# support changed after its first token.
+OTHER = 0.2
+
+
+def _priors() -> Dict[Evidence, float]:
+    priors: Dict[Evidence, float] = {}
+    for state, ats in STATES.items():
+        for at in ats:
+            for edit in (EDIT_CLASSES if state == IN_STEP else (0,)):
+                p = _ANCHOR[Anchored(state, at, edit)]
+                priors[Anchored(state, at, edit)] = p
+                priors[Anchored(state, at, edit, own=True)] = OWN_FACTOR * p
+    for support in range(MAX_SUPPORT + 1):
+        for length in LENGTH_BUCKETS:
+            p = _MATCH[support].get(length, OTHER)
+            priors[Matched(support, length)] = p
+            alone = support == 1 and length >= OWN_MATCH and length in _MATCH[support]
+            priors[Matched(support, length, own=True)] = OWN_FACTOR * p if alone else OTHER
+    return priors
+
+
+PLUGIN = Plugin(
+    "lookup",
+    lambda loaded, text: LookupSource(loaded.lookup.ngram_min, loaded.lookup.ngram_max, text.references,
+                                      loaded.lookup.draft_max, loaded.piece),
+    _priors(), overall=OTHER, reads_references=True, describe="lookup alone: copies of the prompt and the output")

@@ -28,7 +28,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .base import Budget, Candidate, Outcome, Proposal
+from .base import Budget, Candidate, Proposal, Source
+from .registry import Need, Plugin
 from ..config import SamplingConfig
 from ..errors import CacheFormatError, ConfigError
 from ..sequences import appended
@@ -437,12 +438,11 @@ def check_writable(path: Path, what: str) -> None:
         raise ConfigError(f"cannot write {what} {path}: permission denied")
 
 
-class CacheSource:
+class CacheSource(Source):
     """llama-lookup's n-gram caches as a draft source: one candidate per step, drafted with
-    llama.cpp's rule. Evidence: bucket = the token's position in the draft (0, 1, 2+)."""
+    llama.cpp's rule. Evidence: the token's position in the draft (0, 1, LAST_POSITION and on)."""
 
     name = "cache"
-    expensive = False
 
     def __init__(self, caches: NgramCaches, max_len: int = 31) -> None:
         self.caches = caches
@@ -454,13 +454,15 @@ class CacheSource:
         draft = self.caches.draft(tokens, min(budget.max_len, self.max_len))
         if not draft:
             return Proposal()
-        return Proposal((Candidate(tuple(draft), self.name, tuple(min(i, 2) for i in range(len(draft)))),))
-
-    def learn(self, outcome: Outcome) -> None:
-        pass
-
-    def contexts(self) -> list:
-        return []
+        return Proposal((Candidate(tuple(draft), self.name, tuple(min(i, LAST_POSITION) for i in range(len(draft)))),))
 
     def finish(self, tokens: Sequence[int]) -> None:
         self.caches.finish(tokens)
+
+
+# Evidence: positions in the draft from LAST_POSITION on share one key.
+LAST_POSITION = 2
+PLUGIN = Plugin(
+    "cache", lambda loaded, text: CacheSource(loaded.caches.session(), loaded.lookup.draft_max),
+    {0: 0.25, 1: 0.3, 2: 0.35}, overall=0.3, needs=frozenset({Need.CACHE_FILES}), joins="lookup",
+    describe="llama.cpp's n-gram cache files (llama-lookup's)")

@@ -1,0 +1,158 @@
+"""Draft sources as plugins: which run (auto, a list, what each needs), their evidence keys and
+priors, and a source declared here alone run through the registry in one text and in lanes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+
+from llamaspec import ConfigError, SamplingConfig, SpecConfig
+from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal, Source
+from llamaspec.sources.consensus import Siblings
+from llamaspec.sources.draft_model import PLUGIN as DRAFT
+from llamaspec.sources.ngram_cache import NgramCache, NgramCaches
+from llamaspec.sources.registry import Loaded, Need, Plugin, TextContext, default_registry
+
+from conftest import PROMPTS, SMOL
+from test_greedy_real import check_greedy
+from test_samples_real import assert_sampled_as_alone
+
+REGISTRY = default_registry()
+EVERYTHING = frozenset({Need.DRAFT_MODEL, Need.CACHE_FILES})
+ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text())
+GREEDY = SamplingConfig(temperature=0)
+
+
+def test_what_each_spec_runs_given_what_is_loaded():
+    resolve = REGISTRY.resolve
+    assert resolve(SpecConfig(), frozenset()) == {"lookup", "lookahead", "consensus"}  # consensus: where samples are
+    assert resolve(SpecConfig(), EVERYTHING) == {"lookup", "cache", "lookahead", "draft", "consensus"}
+    assert resolve(SpecConfig.parse("lookup"), EVERYTHING) == {"lookup", "cache"}  # the cache files join lookup
+    assert resolve(SpecConfig.parse("lookup"), frozenset()) == {"lookup"}
+    assert resolve(SpecConfig.parse("none"), EVERYTHING) == frozenset()
+    for spec, fragment in [("turbo", "unknown draft source 'turbo'; choose from auto, none or lookup, cache, "
+                                     "lookahead, draft, consensus"),
+                           ("draft", "the draft source needs a draft model"),
+                           ("cache", "the cache source needs an n-gram cache file")]:
+        with pytest.raises(ConfigError, match=fragment):
+            resolve(SpecConfig.parse(spec), frozenset())
+    with pytest.raises(ConfigError, match="draft is to be verified whole but does not run"):
+        resolve(SpecConfig.parse("lookup").with_fixed(frozenset({"draft"})), EVERYTHING)
+
+
+def test_labels_and_what_the_registry_says_of_each_source():
+    names = REGISTRY.resolve(SpecConfig.parse("lookahead,lookup"), EVERYTHING)
+    assert REGISTRY.label(names, SpecConfig.parse("lookahead,lookup")) == "lookup,lookahead"
+    assert REGISTRY.label(frozenset(), SpecConfig.parse("none")) == "plain"
+    assert REGISTRY.label(names, SpecConfig()) == "auto"
+    assert REGISTRY.shadowed() == {"lookahead": "lookup"} and REGISTRY.expensive() == {"draft"}
+    with pytest.raises(ConfigError, match="share a name"):
+        REGISTRY.with_(DRAFT)
+
+
+def test_every_source_is_built_where_its_needs_are_met():
+    caches = NgramCaches(1, 2, NgramCache(), NgramCache())
+    loaded = Loaded(caches=caches)
+    everyone = frozenset(REGISTRY.names) - {"draft"}
+    alone = REGISTRY.build(everyone, loaded)
+    assert [s.name for s in alone] == ["lookup", "cache", "lookahead"]
+    lane = REGISTRY.build(everyone, loaded, TextContext(siblings=Siblings(2, 3), sample=1))
+    assert [s.name for s in lane] == ["lookup", "cache", "lookahead", "consensus"] and lane[-1].sample == 1
+    assert all(isinstance(s, Source) for s in lane)
+
+
+def keys_given(source: Source, prompt: List[int], answer: List[int], rider: bool = False) -> set:
+    """Every evidence key ``source`` gives while ``answer`` is written after ``prompt``, step by step
+    (each step emitting one token; the window's guesses taken as the next answer tokens)."""
+    keys = set()
+    rng = np.random.default_rng(0)
+    for k in range(1, len(answer)):
+        tokens = [*prompt, *answer[:k]]
+        proposal = source.propose(tokens, Budget(16), GREEDY, rng)
+        for cand in proposal.candidates:
+            keys.update(cand.evidence)
+        window = None
+        if rider and proposal.rider is not None:
+            window = tuple(answer[min(k + 1, len(answer) - 1)] for row in proposal.rider.rows if row[3])
+        source.learn(Outcome([*tokens, answer[k]], proposal.candidates, tuple(len(c.tokens) for c in proposal.candidates),
+                             (answer[k],), rider_tokens=window))
+    return keys
+
+
+def test_every_evidence_key_a_source_gives_has_a_prior():
+    """Each built-in source, built by the registry and run over recorded answers, gives only keys
+    its plugin declares a prior for (the acceptance model refuses any other); the draft model's
+    deciles all have one."""
+    for name, item in list(ANSWERS.items())[:3]:
+        prompt, answer = item["prompt"], item["answer"]
+        board = Siblings(2, len(prompt))
+        board.update(0, [*prompt, *answer])
+        dynamic = NgramCache()  # holds the answer: the cache source proposes
+        dynamic.update([*prompt, *answer], 1, 2, len(prompt) + len(answer))
+        loaded = Loaded(caches=NgramCaches(1, 2, NgramCache(), dynamic))
+        text = TextContext(siblings=board, sample=1)
+        for plugin in REGISTRY.plugins:
+            if plugin.name == "draft":
+                continue
+            keys = keys_given(plugin.build(loaded, text), prompt, answer, rider=True)
+            assert keys, f"{plugin.name} proposed nothing on {name}"
+            missing = keys - set(plugin.priors)
+            assert not missing, f"{plugin.name} gave keys without a prior: {sorted(map(repr, missing))[:5]}"
+    assert set(range(11)) <= set(DRAFT.priors)
+
+
+def test_priors_are_probabilities():
+    for plugin in REGISTRY.plugins:
+        assert plugin.priors and all(0 < p <= 1 for p in plugin.priors.values()), plugin.name
+        assert 0 < plugin.overall <= 1
+
+
+# --- a source of one's own -----------------------------------------------------------------------
+
+class Echo(Source):
+    """The text's last two tokens again: a source declared in this test module alone."""
+
+    name = "echo"
+
+    def __init__(self, calls: List[int]) -> None:
+        self.calls = calls
+
+    def propose(self, tokens, budget: Budget, sampling: SamplingConfig, rng: np.random.Generator) -> Proposal:
+        self.calls.append(id(self))
+        cont = tuple(tokens[-2:])[:budget.max_len]
+        return Proposal((Candidate(cont, self.name, ("again",) * len(cont)),) if cont else ())
+
+
+def echo_registry(calls: List[int]):
+    return default_registry().with_(Plugin("echo", lambda loaded, text: Echo(calls), {"again": 0.3}, overall=0.3))
+
+
+def test_a_source_of_ones_own_runs_in_auto_in_one_text_and_in_lanes(make_spec, smol_plain, reference):
+    """Registered alone (no other file names it), ``auto`` builds it for one text and for every
+    lane of several samples; verified whole every step, the text stays the target's own."""
+    calls: List[int] = []
+    spec = make_spec(SMOL, fixed=("echo",), registry=echo_registry(calls))
+    assert spec.spec_name == "auto"
+    prompt = PROMPTS[1]
+    one = spec.generate(prompt, max_tokens=32, temperature=0)
+    plain = smol_plain.generate(prompt, max_tokens=32, temperature=0)
+    assert len(set(calls)) == 1 and one.stats.sources["echo"].drafted > 0
+    check_greedy(reference(SMOL), spec.tokenize(prompt), plain.tokens, one.tokens, "echo, one text", n=32)
+
+    calls.clear()
+    many = spec.generate(prompt, n=3, max_tokens=16, temperature=0.8, seed=7)
+    assert len(set(calls)) == 3, "one echo source per lane"
+    assert all(r.stats.sources["echo"].drafted > 0 for r in many)
+    for i, r in enumerate(many):
+        alone = smol_plain.generate(prompt, max_tokens=16, temperature=0.8, seed=7 + i)
+        assert_sampled_as_alone(reference(SMOL), spec.tokenize(prompt), r.tokens, alone.tokens,
+                                SamplingConfig(temperature=0.8), 7 + i, f"echo, sample {i}")
+
+
+def test_a_source_of_ones_own_is_refused_by_a_registry_without_it(make_spec):
+    with pytest.raises(ConfigError, match="unknown draft source 'echo'"):
+        make_spec(SMOL, spec="echo")
