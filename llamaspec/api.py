@@ -7,7 +7,7 @@ import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .llama.binding import Context, Model, ModelPool, max_sequences, supports_gpu_offload
 from .llama.chat import ChatTemplate, Message, fit
@@ -15,7 +15,9 @@ from . import completions
 from .llama import models
 from .planning.acceptance_model import AcceptanceModel
 from .sources.base import Source
+from .sources.draft_model import DraftSequences
 from .sources.registry import Loaded, Need, Registry, TextContext, default_registry
+from .sources.draft_model import NAME as DRAFT
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .engine.engine import Engine
@@ -81,7 +83,7 @@ class LlamaSpec:
         self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
         self.draft_model: Optional[Model] = None
         self.ctx: Optional[Context] = None
-        draft_ctx: Optional[Context] = None
+        self._draft_ctx: Optional[Context] = None
         try:
             if draft is not None and Need.DRAFT_MODEL in needed:
                 self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
@@ -93,16 +95,19 @@ class LlamaSpec:
             curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
             draft_curve = None
             if self.draft_model is not None and draft is not None:
-                draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch)
-                draft_curve = load_or_measure_draft(draft_ctx, curve, self.model, costs_file, progress)
-            self._costs = CostModel(curve, draft_curve)
+                # a sequence per lane: one text, or the samples of one prompt decoded together
+                self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch, MAX_SAMPLES)
+                draft_curve = load_or_measure_draft(self._draft_ctx, curve, self.model, costs_file, progress)
+            self._costs = CostModel(curve, {DRAFT: draft_curve} if draft_curve is not None else None)
             self._names, self._fixed = names, spec.fixed
-            self._loaded = Loaded(self.model.piece, lookup, lookahead, draft_config, caches, draft_ctx)
-            self._text = TextContext(tuple(tuple(self.model.tokenize(text, add_special=False, parse_special=False))
-                                           for text in references))
+            drafts = DraftSequences(self._draft_ctx) if self._draft_ctx is not None else None
+            self._loaded = Loaded(self.model.piece, lookup, lookahead, draft_config, caches, drafts)
+            self._text = TextContext(references=tuple(tuple(self.model.tokenize(text, add_special=False,
+                                                                                 parse_special=False))
+                                                      for text in references))
             self.engine = Engine(self.ctx, self._speculator(), leaves)
         except BaseException:  # nothing half-loaded stays behind
-            for ctx in (self.ctx, draft_ctx):
+            for ctx in (self.ctx, self._draft_ctx):
                 if ctx is not None:
                     ctx.close()
             self._release_models()
@@ -172,7 +177,7 @@ class LlamaSpec:
             self._close_active("another generation started on the same LlamaSpec")
             lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
             lanes.adopt(0, self.ctx.tokens)
-            scheduler = Scheduler(lanes, self.model, self._lane_sources, self._planner(self._costs),
+            scheduler = Scheduler(lanes, self.model, self._sources_for(self._loaded), self._planner(self._costs),
                                   self.ctx.n_ctx, self.ctx.n_ctx, self._acceptance_model())
             scheduler.submit(request)
             self._active = RequestStream(request, scheduler.cancel, scheduler.step,
@@ -181,9 +186,9 @@ class LlamaSpec:
 
     def batcher(self, parallel: int) -> Batcher:
         """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
-        with this LlamaSpec's context size, on a context of their own (see batcher.py). Their
-        sources: this LlamaSpec's but the draft model, and between samples of one request,
-        consensus. Closed with this LlamaSpec at the latest."""
+        with this LlamaSpec's context size, on a context of their own (see batcher.py), and, with a
+        draft model, on a draft context of their own. Their sources: this LlamaSpec's, and
+        between samples of one request, consensus. Closed with this LlamaSpec at the latest."""
         if not 1 <= parallel <= MAX_SAMPLES:
             raise ConfigError(f"parallel sequences must be between 1 and {MAX_SAMPLES}, got {parallel}")
         if parallel + self._scratch > max_sequences():
@@ -195,18 +200,27 @@ class LlamaSpec:
             cfg, n_ctx = self.target_config, self.ctx.n_ctx
             # every lane's share, and room for one batch of branch rows on top of them
             ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
-            planner = self._planner(CostModel(self._costs.curves["target"]))  # learns this batch's timings, not ours
-            scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._lane_sources, planner,
+            contexts, loaded = [ctx], replace(self._loaded, drafts=None)
+            if self._draft_ctx is not None:
+                d = self._draft_ctx
+                draft_ctx = Context(d.model, d.n_ctx * parallel, d.threads, d.n_batch, parallel)
+                contexts.append(draft_ctx)
+                loaded = replace(self._loaded, drafts=DraftSequences(draft_ctx))
+            # learns this batch's timings, not ours
+            planner = self._planner(CostModel(self._costs.curves[CostModel.TARGET],
+                                              {n: c for n, c in self._costs.curves.items() if n != CostModel.TARGET}))
+            scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._sources_for(loaded), planner,
                                   n_ctx * parallel, n_ctx, self._acceptance_model())
-            batcher = Batcher(scheduler, ctx, self._prompt_tokens, self.spec_name)
+            batcher = Batcher(scheduler, contexts, self._prompt_tokens, self.spec_name)
             self._batchers.append(batcher)
             return batcher
 
-    def _lane_sources(self, siblings: Siblings, i: int) -> List[Source]:
-        """Sample i's sources: this LlamaSpec's but the draft model (it drafts for one text at a
-        time), and its siblings' (consensus)."""
-        loaded = replace(self._loaded, draft_ctx=None)
-        return self.registry.build(self._names, loaded, replace(self._text, siblings=siblings, sample=i))
+    def _sources_for(self, loaded: Loaded) -> Callable[[Siblings, int, int], List[Source]]:
+        """The sources of sample i of a request on lane l: this LlamaSpec's (a draft model on its
+        lane's sequence), and its siblings' (consensus)."""
+        def sources(siblings: Siblings, i: int, lane: int) -> List[Source]:
+            return self.registry.build(self._names, loaded, replace(self._text, lane=lane, siblings=siblings, sample=i))
+        return sources
 
     def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:
         """Reply to chat messages, formatted with the model's own template (see chat_stream)."""
@@ -299,8 +313,9 @@ class LlamaSpec:
             self._closed = True
             for batcher in self._batchers:
                 batcher.close()
-            for ctx in self.engine.contexts():
-                ctx.close()
+            for ctx in (self.ctx, self._draft_ctx):
+                if ctx is not None:
+                    ctx.close()
             self._release_models()
 
     def _release_models(self) -> None:

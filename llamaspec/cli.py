@@ -367,9 +367,6 @@ def serve(host: str, port: int, api_key: Optional[str], queue: int, parallel: in
     """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
     speculation as generate and chat. Needs: pip install 'llamaspec[server]'."""
     from .server import check_address, require_server, serve as run_server
-    if parallel > 1 and o["draft"]:
-        raise click.UsageError(f"--parallel {parallel} drafts from text (lookup, n-gram caches, lookahead); a draft "
-                               f"model is not used there: leave out --draft or serve with --parallel 1")
     require_server()  # before loading any model
     check_address(host, port)
     with _load(o, default_draft=False) as spec:
@@ -488,7 +485,7 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     registry = default_registry()
     loaded = Loaded(vocab.piece, cfg, caches=caches)
     names = registry.resolve(SpecConfig(frozenset({"lookup"})), loaded.meets())  # the cache source joins lookup
-    sources = registry.build(names, loaded, TextContext(tuple(tuple(r) for r in refs)))
+    sources = registry.build(names, loaded, TextContext(references=tuple(tuple(r) for r in refs)))
     stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens))
     click.echo(f"n_predict    = {stats.n_tokens}")
     click.echo(f"n_drafted    = {stats.n_drafted}")

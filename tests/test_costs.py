@@ -7,11 +7,11 @@ from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 
 def test_costs_relative_to_one_target_token():
     draft = CostCurve(REFERENCE_CPU.relative, 18.0, 2, "cpu")  # 0.6 of a target token
-    m = CostModel(REFERENCE_CPU, draft)
+    m = CostModel(REFERENCE_CPU, {"draft": draft})
     assert m.verify(1) == 1.0 and m.verify(16) == pytest.approx(6.74)
-    assert m.draft_token() == pytest.approx(0.6)
+    assert m.token("draft") == pytest.approx(0.6) and m.has("draft") and not m.has("other")
     # drafting 3 tokens after a catch-up of 10: one decode of 11 rows, then two of one
-    assert m.draft(3, 10) == pytest.approx((18.0 * REFERENCE_CPU.cost(11) + 2 * 18.0) / 30.0)
+    assert m.proposing("draft", 3, 10) == pytest.approx((18.0 * REFERENCE_CPU.cost(11) + 2 * 18.0) / 30.0)
     assert m.units(0.030) == pytest.approx(1.0)
 
 
@@ -53,14 +53,11 @@ def test_costs_follow_the_length_of_the_text():
     assert curve.ms(1, 1792) == pytest.approx(66.0) and curve.ms(16, 1792) == pytest.approx(2 * 4.3 * 63 - 3.8 * 60)
     m = CostModel(curve)
     assert m.verify(16) == pytest.approx(3.8)  # no length given: as measured
-    m.at(1024)
-    assert m.verify(16) == pytest.approx(4.3)
-    m.at(1024 + CostModel.LENGTH_STEP - 1)
-    assert m.verify(16) == pytest.approx(4.3)  # recomputed only in another step of the length
-    m.at(2048)
-    assert m.verify(16) > 4.3
-    # the refinement measures against the cost at the current length: a 16-row decode that takes
+    assert m.verify(16, 1024) == pytest.approx(4.3)
+    assert m.verify(16, 1024 + CostModel.LENGTH_STEP - 1) == pytest.approx(4.3)  # lengths count in steps
+    assert m.verify(16, 2048) > 4.3 and m.verify(16, 256) == pytest.approx(3.8)
+    # the refinement measures against the cost at the decode's length: a 16-row decode that takes
     # what the curve says there changes nothing
-    m.observe("target", 1, curve.ms(1, 2048) / 1000)
-    m.observe("target", 16, curve.ms(16, 2048) / 1000)
-    assert m.ms("target", 16) == pytest.approx(curve.ms(16, 2048))
+    m.observe("target", 1, curve.ms(1, 2048) / 1000, 2048)
+    m.observe("target", 16, curve.ms(16, 2048) / 1000, 2048)
+    assert m.ms("target", 16, 2048) == pytest.approx(curve.ms(16, 2048))

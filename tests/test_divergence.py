@@ -70,14 +70,14 @@ def test_tokens_per_step_follows_runs_of_acceptance():
 
 
 def test_speedups_divide_tokens_by_the_cost_of_a_step():
-    flat = CostModel(CostCurve([1.0] * 32, 10.0, 1, "cpu"), CostCurve([1.0] * 32, 2.0, 1, "cpu"))
+    flat = CostModel(CostCurve([1.0] * 32, 10.0, 1, "cpu"), {"draft": CostCurve([1.0] * 32, 2.0, 1, "cpu")})
     full = np.array([0.9, 0.8, 0.7])
     per_step = 1 + np.cumsum(full)
     k = np.arange(1, 4)
     # a flat draft curve: catching up on one more token costs nothing; a draft token costs 0.2
     assert speedups(full, flat) == pytest.approx(per_step / (1 + 0.2 * k))
     draft = CostCurve([1.0, 1.5] + [2.0] * 30, 2.0, 1, "cpu")  # two rows cost 1.5 of one
-    steep = CostModel(CostCurve([1.0, 1.5, 2.0, 2.5] + [3.0] * 28, 10.0, 1, "cpu"), draft)
+    steep = CostModel(CostCurve([1.0, 1.5, 2.0, 2.5] + [3.0] * 28, 10.0, 1, "cpu"), {"draft": draft})
     # after a fully accepted step the first draft decode reads two rows: 0.1 more
     expected = per_step / (np.array([1.5, 2.0, 2.5]) + 0.2 * k + full * 0.1)
     assert speedups(full, steep) == pytest.approx(expected)

@@ -24,9 +24,9 @@ def assert_kv_invariant(spec):
     assert target.pos_max(0) == n_past - 1 and target.tokens == engine.tokens[:n_past]
     for seq in range(1, target.n_seq_max):
         assert target.pos_max(seq) == -1, f"sequence {seq} has stale cells"
-    for ctx in others:
-        assert ctx.tokens == engine.tokens[:len(ctx.tokens)] and len(ctx.tokens) <= n_past
-        assert ctx.pos_max(0) == len(ctx.tokens) - 1
+    for seq in others:  # a draft model's sequence
+        assert seq.tokens == engine.tokens[:len(seq.tokens)] and len(seq.tokens) <= n_past
+        assert seq.pos_max() == len(seq.tokens) - 1
 
 
 @pytest.mark.parametrize("fixture", ["smol_plain", "smol_self", "smol_auto", "qwen_pair", "qwen_auto"])

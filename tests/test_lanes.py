@@ -5,14 +5,15 @@ on plain token lists, and the planner budgeting rows across sequences. Milliseco
 from __future__ import annotations
 
 import collections
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from llamaspec.sources.base import Budget, Candidate
-from llamaspec.config import LookaheadConfig, SamplingConfig
+from llamaspec.config import DraftConfig, LookaheadConfig, SamplingConfig
+from llamaspec.sources.draft_model import DraftModelSource, DraftSequences
 from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, evidence
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.engine.engine import Engine
@@ -23,10 +24,18 @@ from llamaspec.sources.lookahead import LookaheadSource
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
 from llamaspec.engine.scheduler import Request, Scheduler
+from llamaspec.engine.stats import SourceStats
 from llamaspec.planning.acceptance_model import AcceptanceModel
 from llamaspec.planning.speculator import Speculator
 
 from fakes import V, FakeContext, FakeModel, copying_prompt, fake_prompt, greedy_text, logits_of
+
+
+class BlurredContext(FakeContext):
+    """A draft model that is not the target: the fake target's logits, blurred."""
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        return super().logits_ith(i) * 0.5 + 0.3
 
 FLAT = CostModel(CostCurve.flat())
 
@@ -44,15 +53,30 @@ def check_lanes(ctx: FakeContext, engine: BatchEngine) -> None:
 
 
 def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus: bool = True,
-              lookup: bool = True) -> Scheduler:
-    def sources(siblings, i):
+              lookup: bool = True, drafts: Optional[DraftSequences] = None) -> Scheduler:
+    def sources(siblings, i, lane):
         out = []
         if lookup:
             out.append(LookupSource())
         if consensus:
             out.append(ConsensusSource(siblings, i))
+        if drafts is not None:
+            out.append(DraftModelSource(drafts, lane, DraftConfig(draft_max=6)))
         return out
     return Scheduler(BatchEngine(ctx, n_lanes), FakeModel(), sources, Planner(costs), ctx.n_ctx, ctx.n_ctx)
+
+
+# A draft model that costs a tenth of the target per token, on a flat curve: worth asking every step.
+CHEAP_DRAFT = CostModel(CostCurve([1.0] * 32, 10.0, 1, "ideal"), {"draft": CostCurve([1.0] * 32, 1.0, 1, "ideal")})
+
+
+def check_drafts(drafts: DraftSequences, engine: BatchEngine) -> None:
+    """Between steps: each lane's draft sequence holds a prefix of its text but the pending token."""
+    for ln in engine.lanes:
+        seq = drafts.sequence(ln.home)
+        assert drafts.ctx.cells(ln.home) == seq.tokens
+        if ln.state == "decoding":
+            assert seq.tokens == ln.tokens[:len(seq.tokens)] and len(seq.tokens) < len(ln.tokens)
 
 
 def run_all(sched: Scheduler, requests: List[Request], ctx: FakeContext) -> None:
@@ -105,7 +129,7 @@ def test_lookahead_windows_ride_in_lanes_as_alone(n_seq_max):
     ctx = FakeContext(n_ctx=2048, n_batch=256, n_seq_max=n_seq_max)
     made: List[Windows] = []
 
-    def sources(siblings, i):
+    def sources(siblings, i, lane):
         made.append(Windows())
         return [made[-1]]
     sched = Scheduler(BatchEngine(ctx, 3), FakeModel(), sources, Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
@@ -183,6 +207,34 @@ def test_cancel_interrupts_a_request_and_leaves_the_cache_consistent():
     assert other.results[0].tokens == greedy_text(other.prompt, 10)
 
 
+def test_the_draft_model_drafts_in_every_lane_on_a_sequence_of_its_own():
+    """With a draft worth asking (a flat curve, a cheap draft), the planner asks it in every lane:
+    each lane drafts on its own sequence of the draft's context (the fake draft is the target
+    itself), lanes that share a prompt read it once there too, every cache stays exact after
+    every step, and the text is plain greedy decoding's."""
+    ctx = FakeContext(n_ctx=2048, n_batch=256, n_seq_max=12)
+    drafts = DraftSequences(FakeContext(n_ctx=2048, n_batch=256, n_seq_max=3))
+    sched = scheduler(ctx, 3, CHEAP_DRAFT, consensus=False, lookup=False, drafts=drafts)
+    prompts = [fake_prompt(30, 1), fake_prompt(40, 2), fake_prompt(30, 1)]  # the third shares the first's
+    requests = [Request(p, make_config(max_tokens=24, temperature=0)) for p in prompts]
+    for r in requests:
+        sched.submit(r)
+    decodes = []
+    for _ in range(1000):
+        if not sched.busy:
+            break
+        sched.step()
+        check_lanes(ctx, sched.engine)
+        check_drafts(drafts, sched.engine)
+        decodes.append(len(drafts.ctx.decodes))
+    for p, r in zip(prompts, requests):
+        (result,) = r.results
+        assert result.tokens == greedy_text(p, 24)
+        assert result.stats.sources["draft"].accepted > 0 and result.stats.n_target_calls < 24
+    # each distinct prompt read once by the draft, with the first token: 31 and 41 rows
+    assert sorted(n for n in drafts.ctx.decodes if n >= 30) == [31, 41]
+
+
 def test_context_share_ends_samples_with_reason_context():
     ctx = FakeContext(n_ctx=256, n_batch=64, n_seq_max=12)
     sched = scheduler(ctx, 4)
@@ -202,10 +254,11 @@ def test_bad_requests_are_one_line_errors():
         scheduler(FakeContext(), 2).submit(Request([1, 2], make_config(), n=3))
 
 
-@pytest.mark.parametrize("position", [0, 3])
-def test_each_sample_is_distributed_as_the_target(position):
+@pytest.mark.parametrize("position, draft", [(0, False), (3, False), (3, True)])
+def test_each_sample_is_distributed_as_the_target(position, draft):
     """Chi-square per sample index: the token at ``position`` over many seeded groups, against
-    the fake target's exact marginal there (summed over every path up to it)."""
+    the fake target's exact marginal there (summed over every path up to it); with ``draft``,
+    a draft model (a blurred copy of the target) drafts in every lane."""
     prompt = copying_prompt()[:12]
     cfg = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     # exact marginal distribution at ``position`` (V**position paths; position 3 is 15**3 rows)
@@ -226,13 +279,17 @@ def test_each_sample_is_distributed_as_the_target(position):
     marginal /= marginal.sum()
     counts = np.zeros((3, V))
     ctx = FakeContext(n_ctx=4096, n_batch=64, n_seq_max=12, sharp=False)
-    sched = scheduler(ctx, 3)
+    drafts = DraftSequences(BlurredContext(n_ctx=4096, n_batch=64, n_seq_max=3, sharp=False)) if draft else None
+    sched = scheduler(ctx, 3, CHEAP_DRAFT if draft else FLAT, drafts=drafts)
+    drafted = [0, 0, 0]
     for seed in range(700):
         request = Request(prompt, make_config(max_tokens=position + 1, temperature=1.0, top_k=0, top_p=1.0,
                                               min_p=0.0, seed=seed * 10), n=3)
         sched.run(request)
         for i, r in enumerate(request.results):
             counts[i, r.tokens[position]] += 1
+            drafted[i] += r.stats.sources.get("draft", SourceStats()).drafted
+    assert not draft or min(drafted) > 100, drafted  # the draft model drafted in every lane
     keep = marginal * 700 >= 5
     for i in range(3):
         observed = np.append(counts[i, keep], counts[i, ~keep].sum())

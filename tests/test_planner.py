@@ -108,10 +108,10 @@ def test_a_rider_rides_when_it_pays():
 
 
 def test_the_draft_model_is_asked_on_a_flat_curve_and_idle_on_a_steep_one():
-    gpu = Planner(CostModel(GPU, CostCurve([1.0] * 32, 6.0, 2, "gpu")))  # a draft token costs 0.2
+    gpu = Planner(CostModel(GPU, {"draft": CostCurve([1.0] * 32, 6.0, 2, "gpu")}))  # a draft token costs 0.2
     budget, _ = gpu.ask("draft", 0.8, 0, 16, [], [], None, ROOMY)
     assert budget is not None and budget.max_len == 16 and budget.stop_below == pytest.approx(0.2)
-    cpu = Planner(CostModel(REFERENCE_CPU, CostCurve(REFERENCE_CPU.relative, 18.0, 2, "cpu")))
+    cpu = Planner(CostModel(REFERENCE_CPU, {"draft": CostCurve(REFERENCE_CPU.relative, 18.0, 2, "cpu")}))
     budget, why = cpu.ask("draft", 0.9, 0, 16, [], [], None, ROOMY)
     assert budget is None
     assert why.startswith("draft idle: a drafted token costs 0.60 of a target token") and "expected at" in why

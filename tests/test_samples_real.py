@@ -5,11 +5,13 @@ decoding, and `llamaspec generate --samples`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from llamaspec import ConfigError, LookupConfig
+from llamaspec import ConfigError, DraftConfig, LlamaSpec, LookupConfig, ModelConfig, SpecConfig
+from llamaspec.llama.binding import quantize
 from llamaspec.config import SamplingConfig
 from llamaspec.sources.consensus import ConsensusSource
 from llamaspec.engine.generation import make_config
@@ -21,7 +23,7 @@ from llamaspec.sampling import Uniforms, sample_at, transform
 from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.stats import sum_sources
 
-from conftest import PROMPTS, SMOL, assert_one_line_error, chatml, run
+from conftest import PROMPTS, SMOL, THREADS, assert_one_line_error, chatml, run
 from test_engine_real import assert_kv_invariant
 from test_greedy_real import NEAR_TIE
 
@@ -105,11 +107,13 @@ def test_a_sampled_near_tie_is_only_a_near_tie():
 def scheduler(spec, n_lanes: int) -> Scheduler:
     engine = BatchEngine(spec.ctx, n_lanes)
     engine.adopt(0, spec.ctx.tokens)
-    return Scheduler(engine, spec.model, lambda sib, i: [LookupSource(), ConsensusSource(sib, i)],
+    return Scheduler(engine, spec.model, lambda sib, i, lane: [LookupSource(), ConsensusSource(sib, i)],
                      Planner(spec._costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
 
 
-def drive(sched: Scheduler, requests) -> None:
+def drive(sched: Scheduler, requests, check=lambda engine: None) -> None:
+    """Submit ``requests`` and step until they are done; every lane's cache (and ``check``)
+    after every step."""
     for r in requests:
         sched.submit(r)
     for _ in range(2000):
@@ -117,6 +121,7 @@ def drive(sched: Scheduler, requests) -> None:
             break
         sched.step()
         assert_lanes(sched.engine)
+        check(sched.engine)
     assert all(r.done.is_set() for r in requests)
 
 
@@ -173,7 +178,7 @@ def test_lanes_draft_with_every_text_source(make_spec, reference, tmp_path):
     spec.reset()
     engine = BatchEngine(spec.ctx, 3)
     engine.adopt(0, spec.ctx.tokens)
-    sched = Scheduler(engine, spec.model, spec._lane_sources, Planner(spec._costs, frozenset({"lookahead"})),
+    sched = Scheduler(engine, spec.model, spec._sources_for(spec._loaded), Planner(spec._costs, frozenset({"lookahead"})),
                       spec.ctx.n_ctx, spec.ctx.n_ctx)
     requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
     drive(sched, requests)
@@ -184,6 +189,57 @@ def test_lanes_draft_with_every_text_source(make_spec, reference, tmp_path):
     alone.append(spec.generate(prompts[3], max_tokens=40, temperature=0).tokens)
     for p, r, expected in zip(prompts, requests, alone):
         assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected)
+
+
+@pytest.fixture(scope="module")
+def smol_q8(smol, tmp_path_factory):
+    """SmolLM2 re-quantized to Q8_0 with llama.cpp's quantizer: a draft with the target's vocabulary."""
+    path = tmp_path_factory.mktemp("draft") / "smol.Q8_0.gguf"
+    quantize(Path(smol), path, "Q8_0", THREADS)
+    return path
+
+
+def assert_drafts(spec, engine: BatchEngine) -> None:
+    """Each lane's draft sequence holds a prefix of its text but the pending token, and its cells."""
+    for ln in engine.lanes:
+        seq = spec._loaded.drafts.sequence(ln.home)
+        assert seq.pos_max() == len(seq.tokens) - 1, f"draft sequence {ln.home}"
+        if ln.state == "decoding":
+            assert seq.tokens == ln.tokens[:len(seq.tokens)] and len(seq.tokens) < len(ln.tokens)
+
+
+def test_samples_with_a_draft_model(model_file, pool, smol_q8, reference):
+    """`generate --samples 3 -md`: the draft model drafts in every lane (verified whole every step,
+    so that it runs on a CPU); every lane's KV cache and draft sequence are exact after every
+    step; greedy lanes equal one-text decoding and samples their seed's text alone (or leave it
+    at a near-tie)."""
+    target = ModelConfig(str(model_file(SMOL)), n_ctx=2048, n_threads=THREADS)
+    draft = ModelConfig(str(smol_q8), n_ctx=2048, n_threads=THREADS)
+    spec = LlamaSpec(target, draft, DraftConfig(draft_max=4), progress=False,
+                     spec=SpecConfig(frozenset({"draft"}), frozenset({"draft"})), pool=pool)
+    try:
+        prompts = [spec.tokenize(p) for p in PROMPTS]
+        alone = [spec.generate(p, max_tokens=32, temperature=0).tokens for p in prompts]
+        engine = BatchEngine(spec.ctx, 3)
+        engine.adopt(0, spec.ctx.tokens)
+        sched = Scheduler(engine, spec.model, spec._sources_for(spec._loaded), spec._planner(spec._costs),
+                          spec.ctx.n_ctx, spec.ctx.n_ctx)
+        requests = [Request(p, make_config(max_tokens=32, temperature=0)) for p in prompts]
+        drive(sched, requests, lambda engine: assert_drafts(spec, engine))
+        spec.engine.adopt(sched.engine.release())
+        assert_kv_invariant(spec)
+        for i, (p, r, expected) in enumerate(zip(prompts, requests, alone)):
+            assert r.results[0].stats.sources["draft"].drafted > 0
+            assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected, f"greedy lane {i}")
+
+        samples = spec.generate(PROMPTS[1], n=3, max_tokens=24, temperature=0.8, seed=3)
+        for i, result in enumerate(samples):
+            assert result.stats.sources["draft"].drafted > 0
+            single = spec.generate(PROMPTS[1], max_tokens=24, temperature=0.8, seed=3 + i)
+            assert_sampled_as_alone(reference(SMOL), prompts[1], result.tokens, single.tokens,
+                                    SamplingConfig(temperature=0.8), 3 + i, f"sample {i}")
+    finally:
+        spec.close()
 
 
 def test_generate_n_hands_the_context_back(smol_spec):

@@ -230,8 +230,24 @@ def test_n_choices(parallel_server, plain_server):
     assert status == 400 and "at most 4 sequences together (--parallel)" in answer["error"]["message"]
 
 
-def test_parallel_with_a_draft_model_is_a_one_line_error(smol):
-    assert_one_line_error(run("serve", "-m", smol, "-md", smol, "--parallel", "2"), "leave out --draft")
+def test_parallel_with_a_draft_model_drafts_for_every_request(smol, reference):
+    """`serve --parallel 2 -md`: the draft model drafts for both requests decoded together, each
+    on its own sequence (verified whole every step here, so that it runs on a CPU), and each
+    answer is plain greedy decoding's."""
+    server = Server("-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "--parallel", "2",
+                    "--spec", "draft", "--spec-fixed", "draft", "--draft-max", "4")
+    try:
+        client = server.client()
+
+        def ask(prompt):
+            return client.completions.create(model="x", prompt=prompt, max_tokens=24, temperature=0)
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(ask, PROMPTS[:2]))
+    finally:
+        server.stop()
+    for prompt, reply in zip(PROMPTS, replies):
+        assert reply.model_extra["timings"]["draft_n"] > 0
+        assert_text_as_alone(reference(SMOL), prompt, reply.choices[0].text, 24)
 
 
 def test_a_full_queue_answers_503_at_once(server):

@@ -25,12 +25,13 @@ Prompt = Union[str, Sequence[int]]
 
 
 class Batcher:
-    """Steps ``scheduler`` (over ``ctx``) on a thread of its own while it has work.
-    ``tokens_of``: a prompt's tokens (validated); ``strategy``: the name results report."""
+    """Steps ``scheduler`` on a thread of its own while it has work; ``contexts``: those it
+    decodes on (the target's, a draft model's), freed when it closes. ``tokens_of``: a prompt's
+    tokens (validated); ``strategy``: the name results report."""
 
-    def __init__(self, scheduler: Scheduler, ctx: Context, tokens_of: Callable[[Prompt], List[int]],
+    def __init__(self, scheduler: Scheduler, contexts: Sequence[Context], tokens_of: Callable[[Prompt], List[int]],
                  strategy: str) -> None:
-        self.scheduler, self.ctx = scheduler, ctx
+        self.scheduler, self.contexts = scheduler, list(contexts)
         self._tokens_of, self._strategy = tokens_of, strategy
         self._wake = threading.Condition()
         self._closing = False
@@ -74,14 +75,15 @@ class Batcher:
         self.scheduler.close()
 
     def close(self) -> None:
-        """Stop every request (stop reason "interrupted"), the thread, and free the context."""
+        """Stop every request (stop reason "interrupted"), the thread, and free the contexts."""
         with self._wake:
             if self._closing:
                 return
             self._closing = True
             self._wake.notify()
         self._thread.join()
-        self.ctx.close()
+        for ctx in self.contexts:
+            ctx.close()
 
     def __enter__(self) -> "Batcher":
         return self

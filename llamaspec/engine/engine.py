@@ -33,6 +33,7 @@ from ..sources.base import Outcome
 from ..config import SamplingConfig
 from ..errors import PromptError
 from ..sequences import common_prefix
+from ..planning.costs import CostModel
 from ..planning.planner import Limits
 from ..sampling import Uniforms, sample_at, transform
 from ..planning.speculator import Plan, Speculator
@@ -158,7 +159,7 @@ class Engine:
             n_seqs += plan.rider.n_seqs
         busy = self.target.t_llama
         n_out = self.target.eval_tree(self.tokens[-1], rows, n_seqs)
-        self.speculator.costs.observe("target", 1 + len(rows), self.target.t_llama - busy)
+        self.speculator.costs.observe(CostModel.TARGET, 1 + len(rows), self.target.t_llama - busy, len(self.tokens))
         logits = self.target.logits(n_out)
         path, token = walk(trie, logits, sampling, rng, uniform)
         rider_tokens = None

@@ -3,14 +3,16 @@
 A lane is one text on its own KV-cache sequence, its *home* (lane i: sequence i). Between
 steps a decoding lane's home holds exactly ``tokens[:-1]`` (its last token is pending), a lane
 reading its prompt holds the part read so far, and the scratch sequences (numbered from the
-lane count up) hold nothing. One step::
+lane count up) hold nothing; a lane's draft model, on sequence i of its own context, holds a
+prefix of ``tokens[:-1]``. One step::
 
     a lane reading its prompt adds the next chunk of it
     for each decoding lane, in turn:
         plan = its speculator's plan, its rows costing what they add to the rows before them
     target.decode(every lane's rows)                       # ONE llama_decode
     for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
-    empty the scratch sequences, trim every home           # BatchEngine._trim, the only place
+    empty the scratch sequences, trim every home and its  # BatchEngine._trim, the only place
+        sources' caches
 
 Three lanes in one batch: lane 0 verifies the trie ``I ─ a ─ b`` with the branch ``└ c`` (on
 scratch sequence 3), lane 1 decodes its pending token ``J`` plainly, lane 2 reads the last
@@ -51,7 +53,9 @@ from ..errors import DecodeError, PromptError
 from ..planning.planner import MAX_LEAVES, Limits
 from ..sampling import sample_at, transform
 from ..sequences import common_prefix
-from ..planning.speculator import Speculator
+from ..planning.costs import CostModel
+from ..planning.speculator import Plan, Speculator
+from ..planning.trie import Layout
 
 # Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
 # delays them by a fraction of a second, not by its whole evaluation).
@@ -90,6 +94,23 @@ class Lane:
         return self.state == "decoding" and self.left > 0 and len(self.tokens) <= self.limit
 
 
+@dataclass(eq=False)
+class Laid:
+    """A decoding lane's part of one decode: its plan, the trie's layout, the KV-cache sequences
+    its rows use (its home first), its batch rows, where its output rows start and how many are
+    the pending token's and the trie's (``n_trie``) and the window's (``n_rider``)."""
+
+    lane: Lane
+    plan: Plan
+    layout: Layout
+    seqs: List[int]
+    rows: List[Tuple[int, int, Tuple[int, ...], bool]]
+    out: int
+    n_trie: int
+    n_rider: int
+    t_plan: float = 0.0
+
+
 class BatchEngine:
     """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch."""
 
@@ -113,6 +134,8 @@ class BatchEngine:
         for ln in self.lanes[1:]:
             self.target.seq_rm(ln.home, -1, -1)
             ln.cached, ln.state = [], "idle"
+            for ctx in ln.speculator.contexts() if ln.speculator is not None else ():
+                ctx.truncate(0)
         first = self.lanes[0]
         self.target.tokens = list(first.cached)
         return list(first.tokens)
@@ -180,7 +203,7 @@ class BatchEngine:
                 chunks.append((ln, take, n_out if last else -1))
                 n_out += last
                 committed += take
-            plans = []
+            laid: List[Laid] = []
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
             self._turn += 1
             for ln in order:
@@ -189,42 +212,45 @@ class BatchEngine:
                 limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
                                 room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
                 plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
-                layout = plan.trie.layout()
-                mine, seqs, n_trie, n_rider = self._lay_out(ln, plan, layout, free)
-                used += seqs[1:]
-                rows += mine
-                plans.append((ln, plan, layout, seqs, n_out, n_trie, n_rider, len(mine), time.perf_counter() - t0))
-                n_out += n_trie + n_rider
-                committed += len(mine) - 1
+                mine = self._lay_out(ln, plan, free, n_out)
+                mine.t_plan = time.perf_counter() - t0
+                used += mine.seqs[1:]
+                rows += mine.rows
+                laid.append(mine)
+                n_out += mine.n_trie + mine.n_rider
+                committed += len(mine.rows) - 1
             if not rows:
                 return []
             busy = target.t_llama
             target.decode_rows(rows)
-            costs = plans[0][0].speculator.costs if plans else None
+            # a batch's rows attend to their own lane's text: priced behind the longest
+            length = max(len(d.lane.tokens) for d in laid) if laid else None
+            costs = laid[0].lane.speculator.costs if laid else None
             if costs is not None:
-                costs.observe("target", len(rows), target.t_llama - busy)
+                costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
             logits = target.logits(n_out)
             for ln, take, row in chunks:
                 ln.cached += ln.tokens[len(ln.cached):len(ln.cached) + take]
                 if row >= 0:
                     emitted += self._first_tokens(ln, logits[row])
-            step_cost = costs.verify(len(rows)) if costs is not None else 0.0
-            for ln, plan, layout, seqs, out, n_trie, n_rider, n_rows, t_plan in plans:
-                window = logits[out + n_trie:out + n_trie + n_rider]
-                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if n_rider else None
-                emitted.append((ln.home, self._settle(ln, plan, layout, seqs, logits[out:], rider_tokens, t_plan,
-                                                      step_cost * n_rows / len(rows))))
+            step_cost = costs.verify(len(rows), length) if costs is not None else 0.0
+            for d in laid:
+                window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
+                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None
+                emitted.append((d.lane.home, self._settle(d, logits[d.out:], rider_tokens,
+                                                          step_cost * len(d.rows) / len(rows))))
         finally:
             for s in used:
                 target.seq_rm(s, -1, -1)
             self._trim(touched)
         return emitted
 
-    def _lay_out(self, ln: Lane, plan, layout, free: List[int]):
+    def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "Laid":
         """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``
-        scratch sequences are left (those it takes are removed), its window. Returns (rows, the
-        sequences used, home first, output rows of the trie and of the window)."""
+        scratch sequences are left (those it takes are removed), its window; its output rows
+        start at ``out``."""
         n = len(ln.tokens)
+        layout = plan.trie.layout()
         local = list(layout.rows)
         n_seqs = layout.n_seqs
         n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
@@ -242,7 +268,7 @@ class BatchEngine:
             self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
         rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
         rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
-        return rows, seqs, n_trie, n_rider
+        return Laid(ln, plan, layout, seqs, rows, out, n_trie, n_rider)
 
     def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
         """The group's prompt is read: every lane of it shares the cells and draws its first token."""
@@ -266,17 +292,17 @@ class BatchEngine:
             out.append((ln.home, Step([token])))
         return out
 
-    def _settle(self, ln: Lane, plan, layout, seqs: List[int], logits: np.ndarray,
-                rider_tokens: Optional[Tuple[int, ...]], t_plan: float, cost: float) -> Step:
+    def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]], cost: float) -> Step:
         """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
         from the target's greedy tokens at its rows, when it rode)."""
+        ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
         path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth))
         accepted = [trie.token[v] for v in path]
         ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
         if path:
-            keep = seqs[layout.seq[path[-1]]]
+            keep = seqs[d.layout.seq[path[-1]]]
             if keep != ln.home:
                 m = len(ln.cached)
                 self.target.seq_rm(ln.home, m, -1)
@@ -284,14 +310,18 @@ class BatchEngine:
             ln.cached += accepted
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
-        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, t_plan, cost)
+        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, d.t_plan, cost)
         ln.speculator.learn(outcome)
         return step
 
     def _trim(self, lanes: Sequence[Lane]) -> None:
-        # A lane's home must hold a prefix of its text before the pending token; whatever lies
-        # past that is dropped here (rejected rows, a decode that failed, a cut text).
+        # A lane's home, and its sources' caches (a draft model's sequence), must hold a prefix of
+        # its text before the pending token; whatever lies past that is dropped here (rejected
+        # rows, draft tokens, a decode that failed, a cut text).
         for ln in lanes:
-            keep = common_prefix(ln.cached, ln.tokens[:max(len(ln.tokens) - 1, 0)])
+            text = ln.tokens[:max(len(ln.tokens) - 1, 0)]
+            keep = common_prefix(ln.cached, text)
             del ln.cached[keep:]
             self.target.seq_rm(ln.home, keep, -1)
+            for ctx in ln.speculator.contexts() if ln.speculator is not None else ():
+                ctx.truncate(common_prefix(ctx.tokens, text))

@@ -36,8 +36,8 @@ from ..planning.speculator import Speculator
 from ..sequences import common_prefix
 from .stats import SourceStats, Stats, sum_sources
 
-# The sources of sample i of a request: (its group's siblings, i) -> sources.
-SourceFactory = Callable[[Siblings, int], List[Source]]
+# The sources of sample i of a request on lane l: (its group's siblings, i, l) -> sources.
+SourceFactory = Callable[[Siblings, int, int], List[Source]]
 
 
 class Request:
@@ -240,8 +240,8 @@ class Scheduler:
         max_new = config.max_tokens if config.max_tokens >= 0 else limit
         t0 = time.perf_counter()
         try:
-            speculators = [Speculator(self.sources(siblings, i), self.model, self.planner, self.vocab.eog_tokens)
-                           for i in range(request.n)]
+            speculators = [Speculator(self.sources(siblings, i, lane), self.model, self.planner, self.vocab.eog_tokens)
+                           for i, lane in enumerate(lanes)]
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit)
         except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on

@@ -248,8 +248,8 @@ class Batch:
         self.logits[i] = logits
         self.n_tokens = i + 1
 
-    def set_sequence(self, tokens: Sequence[int], start: int, logits: str = "all") -> None:
-        """Fill with consecutive tokens of sequence 0; logits "all", "last" or "none"."""
+    def set_sequence(self, tokens: Sequence[int], start: int, logits: str = "all", seq: int = 0) -> None:
+        """Fill with consecutive tokens of sequence ``seq``; logits "all", "last" or "none"."""
         n = len(tokens)
         if n > self.capacity:
             raise DecodeError(f"batch overflow: {n} tokens, capacity {self.capacity}")
@@ -257,7 +257,7 @@ class Batch:
         self.pos[:n] = np.arange(start, start + n)
         self.n_seq_id[:n] = 1
         for i in range(n):
-            self.seq_id[i][0] = 0
+            self.seq_id[i][0] = seq
         self.logits[:n] = logits == "all"
         if logits == "last" and n:
             self.logits[n - 1] = 1
@@ -442,6 +442,61 @@ class Context:
         ll.llama_memory_clear(self._mem, True)
         self._touched = 1
         self.tokens.clear()
+
+
+class KVSequence:
+    """One sequence of a context's KV cache kept by a caller of its own (a lane's draft model):
+    ``tokens`` mirrors what the sequence holds at positions 0 .. len - 1, as ``Context.tokens``
+    does for sequence 0 of a context that one text uses."""
+
+    def __init__(self, ctx: Context, seq: int) -> None:
+        if not 0 <= seq < ctx.n_seq_max:
+            raise DecodeError(f"sequence {seq} needed, the context has {ctx.n_seq_max}")
+        self.ctx, self.seq = ctx, seq
+        self.tokens: List[int] = []
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def t_llama(self) -> float:
+        return self.ctx.t_llama
+
+    def eval(self, tokens: Sequence[int], logits: str = "none") -> None:
+        """Append ``tokens`` to the sequence, in chunks of n_batch (see Context.eval)."""
+        ctx = self.ctx
+        if logits == "all" and len(tokens) > ctx.n_batch:
+            raise DecodeError(f"{len(tokens)} tokens with logits do not fit a batch of {ctx.n_batch}")
+        for start in range(0, len(tokens), ctx.n_batch):
+            chunk = tokens[start:start + ctx.n_batch]
+            last = start + ctx.n_batch >= len(tokens)
+            n = len(self.tokens)
+            ctx.decode_rows([(t, n + i, (self.seq,), logits == "all" or (logits == "last" and last and i == len(chunk) - 1))
+                             for i, t in enumerate(chunk)])
+            self.tokens.extend(chunk)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens."""
+        self.ctx.seq_rm(self.seq, n, -1)
+        del self.tokens[n:]
+
+    def share(self, other: "KVSequence", n: int) -> None:
+        """Go on to the first ``n`` tokens ``other`` holds, which extend this one's: their cells
+        gain this sequence's id (seq_cp copies nothing)."""
+        m = len(self.tokens)
+        if n > m:
+            self.ctx.seq_cp(other.seq, self.seq, m, n)
+            self.tokens += other.tokens[m:n]
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        return self.ctx.logits_ith(i)
+
+    def pos_max(self) -> int:
+        return self.ctx.pos_max(self.seq)
+
+    def close(self) -> None:
+        """The context is its owner's to close."""
 
 
 def system_info() -> str:

@@ -33,6 +33,7 @@ from .divergence import Positions, compare, full_runs, speedups, tokens_per_step
 from ..errors import ConfigError, PromptError
 from ..json_table import read_table, write_table
 from ..llama.vocab import check_compatible
+from ..sources.draft_model import NAME as DRAFT
 
 BATCH = 256  # rows evaluated with logits at a time
 K_MAX = 16
@@ -128,7 +129,7 @@ def agreement(reference: str, candidates: Sequence[str], texts: Sequence[str] = 
     for name, same_model, curve, (positions, per_stream) in zip(candidates, same, curves[1:], measured):
         full = full_runs(per_stream, K_MAX)
         per_step = tokens_per_step(full)
-        gains = speedups(full, CostModel(curves[0], curve))
+        gains = speedups(full, CostModel(curves[0], {DRAFT: curve}))
         best = int(np.argmax(gains)) + 1
         results.append(CandidateAgreement(
             model=name, n_tokens=len(positions.agree), top1_agreement=float(positions.agree.mean()),

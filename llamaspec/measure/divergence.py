@@ -26,6 +26,7 @@ from ..engine.acceptance import align
 from ..config import SamplingConfig
 from ..planning.costs import CostModel
 from ..sampling import transform
+from ..sources.draft_model import NAME as DRAFT
 
 ROWS = 32  # rows converted to float64 at a time (a row of a 150k vocabulary: 1.2 MB)
 
@@ -101,11 +102,12 @@ def tokens_per_step(full: np.ndarray) -> np.ndarray:
 
 
 def speedups(full: np.ndarray, costs: CostModel) -> np.ndarray:
-    """``out[k - 1]``: tokens per unit of time drafting k tokens every step over plain decoding's.
+    """``out[k - 1]``: tokens per unit of time drafting k tokens every step over plain decoding's
+    (``costs`` has the candidate's curve as the draft model's).
     A step costs a target decode of k + 1 rows and the draft's k decodes. The first of these
     reads the target's own token of the step before and, when that step accepted its whole draft,
     the draft's last token too (which the draft proposed but never read)."""
     per_step = tokens_per_step(full)
-    return np.array([per_step[k - 1] / (costs.verify(k + 1) + (1 - full[k - 1]) * costs.draft(k, lag=0)
-                                        + full[k - 1] * costs.draft(k, lag=1))
+    return np.array([per_step[k - 1] / (costs.verify(k + 1) + (1 - full[k - 1]) * costs.proposing(DRAFT, k, lag=0)
+                                        + full[k - 1] * costs.proposing(DRAFT, k, lag=1))
                      for k in range(1, len(full) + 1)])

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -99,12 +99,13 @@ def _at(relative: Sequence[float], n: int) -> float:
 
 class CostModel:
     """What a step costs, in units of one single-token target decode: verifying n rows (the
-    target's curve) and, with a draft model, drafting. Both start from measured curves and are
-    refined online from the wall time of every decode, so a curve measured on a busy machine,
-    or a machine that slows down, does not mislead the planner for ever.
+    target's curve) and proposing with an expensive source (a draft model: its own curve, by
+    the source's name). Every curve starts measured and is refined online from the wall time of
+    every decode, so a curve measured on a busy machine, or a machine that slows down, does not
+    mislead the planner for ever.
 
-    Costs are those of decodes behind the text's current length (``at``), which a verify batch
-    attends to (see CostCurve).
+    Every cost is that of decodes behind a text of ``length`` tokens, which a verify batch
+    attends to (see CostCurve); None: as measured. Lengths count in steps of LENGTH_STEP.
 
     Refinement: each decode of n rows gives a ratio r = measured / curve.ms(n). A size's own
     ratios and all sizes' ratios are averaged with weights that decay by DECAY per decode; a
@@ -118,76 +119,78 @@ class CostModel:
     PULL = 0.25
     REFRESH = 8
     LENGTH_STEP = 64  # costs are recomputed when the text's length moves into another step of this
+    TARGET = "target"
 
-    def __init__(self, target: CostCurve, draft: Optional[CostCurve] = None) -> None:
-        self.curves = {"target": target, "draft": draft}
-        self._size: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (kind, n) -> (sum of ratios, weight)
+    def __init__(self, target: CostCurve, sources: Optional[Mapping[str, CostCurve]] = None) -> None:
+        self.curves: Dict[str, CostCurve] = {self.TARGET: target, **(sources or {})}
+        self._size: Dict[Tuple[str, int], Tuple[float, float]] = {}  # (curve, n) -> (sum of ratios, weight)
         self._all: Dict[str, Tuple[float, float]] = {}
-        self._verify: Dict[int, float] = {}  # verify(n), recomputed every REFRESH observations
+        self._verify: Dict[int, float] = {}  # verify(n) at _verify_at, recomputed every REFRESH observations
+        self._verify_at: Optional[int] = None
         self._observed = 0
-        self._length: Optional[int] = None  # the text's length, in LENGTH_STEPs; None: as measured
 
-    @property
-    def has_draft(self) -> bool:
-        return self.curves["draft"] is not None
+    def has(self, name: str) -> bool:
+        """Whether there is a cost curve for the expensive source ``name``."""
+        return name in self.curves
 
-    def at(self, length: int) -> None:
-        """The text holds ``length`` tokens: costs are those of decodes behind it."""
-        step = length // self.LENGTH_STEP * self.LENGTH_STEP
-        if step != self._length:
-            self._length = step
-            self._verify.clear()
+    def _step(self, length: Optional[int]) -> Optional[int]:
+        return None if length is None else length // self.LENGTH_STEP * self.LENGTH_STEP
 
-    def ms(self, kind: str, n: int) -> float:
-        """Estimated milliseconds of one decode of n rows of the target or the draft."""
-        curve = self.curves[kind]
+    def ms(self, name: str, n: int, length: Optional[int] = None) -> float:
+        """Estimated milliseconds of one decode of n rows of the target or of source ``name``."""
+        curve = self.curves.get(name)
         if curve is None:
-            raise ValueError(f"no {kind} curve")
-        s_all, w_all = self._all.get(kind, (0.0, 0.0))
+            raise ValueError(f"no {name} curve")
+        s_all, w_all = self._all.get(name, (0.0, 0.0))
         drift = s_all / w_all if w_all else 1.0
-        s, w = self._size.get((kind, n), (0.0, 0.0))
+        s, w = self._size.get((name, n), (0.0, 0.0))
         ratio = (s + self.PULL * drift) / (w + self.PULL)
-        length = self._length
-        return curve.ms(n, length) * ratio if curve.ms_per_token > 0 else curve.cost(n, length) * ratio
+        step = self._step(length)
+        return curve.ms(n, step) * ratio if curve.ms_per_token > 0 else curve.cost(n, step) * ratio
 
-    def verify(self, n: int) -> float:
+    def verify(self, n: int, length: Optional[int] = None) -> float:
         """Cost of one target decode of n rows, relative to one row."""
+        step = self._step(length)
+        if step != self._verify_at:
+            self._verify_at = step
+            self._verify.clear()
         cost = self._verify.get(n)
         if cost is None:
-            cost = self._verify[n] = self.ms("target", n) / self.ms("target", 1)
+            cost = self._verify[n] = self.ms(self.TARGET, n, length) / self.ms(self.TARGET, 1, length)
         return cost
 
-    def draft_token(self) -> float:
-        """Cost of one single-token draft decode, relative to one of the target."""
-        return self.ms("draft", 1) / self.ms("target", 1)
+    def token(self, name: str, length: Optional[int] = None) -> float:
+        """Cost of one single-token decode of source ``name``, relative to one of the target."""
+        return self.ms(name, 1, length) / self.ms(self.TARGET, 1, length)
 
-    def draft(self, n_tokens: int, lag: int) -> float:
-        """Cost of drafting ``n_tokens`` after catching the draft's cache up on ``lag`` accepted
-        tokens: one decode of lag + 1 rows (the catch-up and the pending token), then one per
-        further token."""
+    def proposing(self, name: str, n_tokens: int, lag: int, length: Optional[int] = None) -> float:
+        """Cost of source ``name`` drafting ``n_tokens`` after catching its cache up on ``lag``
+        accepted tokens: one decode of lag + 1 rows (the catch-up and the pending token), then
+        one per further token."""
         if n_tokens <= 0:
             return 0.0
-        return (self.ms("draft", lag + 1) + (n_tokens - 1) * self.ms("draft", 1)) / self.ms("target", 1)
+        return (self.ms(name, lag + 1, length) + (n_tokens - 1) * self.ms(name, 1, length)) / \
+            self.ms(self.TARGET, 1, length)
 
-    def units(self, seconds: float) -> float:
+    def units(self, seconds: float, length: Optional[int] = None) -> float:
         """``seconds`` in units of one single-token target decode."""
-        return 1000 * seconds / self.ms("target", 1)
+        return 1000 * seconds / self.ms(self.TARGET, 1, length)
 
-    def observe(self, kind: str, n: int, seconds: float) -> None:
-        """A decode of n rows took ``seconds``."""
-        curve = self.curves[kind]
+    def observe(self, name: str, n: int, seconds: float, length: Optional[int] = None) -> None:
+        """A decode of n rows of the target or of source ``name`` took ``seconds``."""
+        curve = self.curves.get(name)
         if curve is None or curve.ms_per_token <= 0 or seconds <= 0:
             return
-        r = 1000 * seconds / curve.ms(n, self._length)
-        if kind == "target":
+        r = 1000 * seconds / curve.ms(n, self._step(length))
+        if name == self.TARGET:
             self._observed += 1
             if self._observed % self.REFRESH == 0:
                 self._verify.clear()
         d = self.DECAY
-        for key, table in (((kind, n), self._size), (kind, self._all)):
+        for key, table in (((name, n), self._size), (name, self._all)):
             s, w = table.get(key, (0.0, 0.0))  # type: ignore[call-overload]
             table[key] = (s * d + r, w * d + 1)  # type: ignore[index]
-        for key in [k for k in self._size if k[0] == kind and k[1] != n]:
+        for key in [k for k in self._size if k[0] == name and k[1] != n]:
             s, w = self._size[key]
             self._size[key] = (s * d, w * d)
 

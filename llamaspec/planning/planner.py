@@ -78,13 +78,15 @@ class Limits:
     """What one step may verify: the deepest position it may accept (tokens left to generate,
     room in the context), the rows a batch may hold, the positions left in the context after
     the pending token's, and how many branches (KV-cache sequences). ``base_rows``: rows other
-    sequences put in the same decode; this one's rows cost what they add to them."""
+    sequences put in the same decode; this one's rows cost what they add to them. ``length``:
+    the text's tokens, the pending one included (decodes cost more behind a longer text)."""
 
     max_depth: int
     max_rows: int
     room: int
     max_leaves: int = MAX_LEAVES
     base_rows: int = 0
+    length: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,8 @@ class Planner:
 
     def _added(self, limits: Limits, rows: int) -> float:
         """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
-        base = limits.base_rows
-        return self.costs.verify(base + rows) - (self.costs.verify(base) if base else 0.0)
+        base, length = limits.base_rows, limits.length
+        return self.costs.verify(base + rows, length) - (self.costs.verify(base, length) if base else 0.0)
 
     def _may_pay(self, rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> bool:
         """Whether any selection could beat a plain step: a bound that spares building the trie
@@ -257,28 +259,29 @@ class Planner:
         lam = self.rate
         base = base or self.choose(candidates, rates, rider, limits)
         base_score = base.value - lam * base.cost
-        c_d = self.costs.draft_token()
+        length = limits.length
+        c_d = self.costs.token(name, length)
         lengths = [k for k in ASK_LENGTHS if k <= min(draft_max, limits.max_depth)]
         if not lengths:
             return None, f"{name}: no room to draft"
         # Catching the draft's cache up is paid once and serves every later draft step: each step
         # is charged CATCH_UP_STEPS-th of it.
-        catch_up = (self.costs.draft(1, lag) - self.costs.draft(1, 0)) / CATCH_UP_STEPS
+        catch_up = (self.costs.proposing(name, 1, lag, length) - self.costs.proposing(name, 1, 0, length)) / CATCH_UP_STEPS
 
         def drafting(k: int) -> float:
-            return self.costs.draft(k, 0) + catch_up
+            return self.costs.proposing(name, k, 0, length) + catch_up
 
         # alone, to skip the full plans when the draft cannot pay, and (without the catch-up) for
         # the explanation
         alone = []
         for k in lengths:
             expected = sum(rate ** j for j in range(k + 1))
-            cost = self.costs.draft(k, 0) + self.costs.verify(k + 1)
+            cost = self.costs.proposing(name, k, 0, length) + self._added(limits, k + 1)
             alone.append((expected - lam * (cost + catch_up), expected / cost, k))
         score = max(alone)[0]
         _, ratio, k_best = max(alone, key=lambda a: a[1])
         why = (f"{name} idle: a drafted token costs {c_d:.2f} of a target token and verifying {k_best} costs "
-               f"{self.costs.verify(k_best + 1):.2f}; at {rate:.0%} acceptance the best draft is expected at "
+               f"{self.costs.verify(k_best + 1, length):.2f}; at {rate:.0%} acceptance the best draft is expected at "
                f"{ratio:.2f}x plain" + (f" before catching up on {lag} tokens" if lag > 1 else "")
                + (f", the other sources at {base.rate:.2f}x" if base.rate > 1 else ""))
         fixed = name in self.fixed

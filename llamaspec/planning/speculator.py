@@ -64,7 +64,7 @@ class Speculator:
              estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
         """What to verify after ``tokens``. ``estimate``: each candidate token's acceptance, in
         place of the acceptance model's (the replay's perfect estimates)."""
-        self.costs.at(len(tokens))
+        limits = replace(limits, length=len(tokens))
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None
@@ -92,8 +92,8 @@ class Speculator:
             proposal = source.propose(tokens, replace(ask, rates=self.model.rates(source.name)), sampling, rng)
             t_draft += time.perf_counter() - t0
             for n, seconds in proposal.decodes:
-                self.costs.observe("draft", n, seconds)
-            sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes))
+                self.costs.observe(source.name, n, seconds, limits.length)
+            sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes), limits.length)
             for cand in proposal.candidates:
                 cand = _until_end(cand, self.ends)
                 candidates.append(cand)

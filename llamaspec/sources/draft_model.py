@@ -9,6 +9,9 @@ longer repays one more draft decode).
 Its cache follows the text lazily: while it is not asked it decodes nothing, and when it is
 asked next it catches up on every accepted token it missed in one batch, together with the
 pending token. Draft tokens the target accepted stay in its cache; the engine cuts the rest.
+Several texts decoded together (lanes) draft on one context, lane i on sequence i
+(``DraftSequences``); a lane catching up first takes over what another lane's sequence holds
+of its text (the samples of one prompt read it once).
 
 Evidence: the decile ``round(10 * c)`` of c, the draft's top probability at that position
 (with sampling, the top probability of q after the sampler's transform). It depends on q only,
@@ -18,16 +21,19 @@ never on the token drawn from it, so choosing tokens by it keeps speculative sam
 from __future__ import annotations
 
 import time
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from ..llama.binding import Context
+from ..llama.binding import Context, KVSequence
 from .base import Budget, Candidate, Proposal, Source
 from .registry import Need, Plugin
 from ..config import DraftConfig, SamplingConfig
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
+
+
+NAME = "draft"
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -39,17 +45,19 @@ def top_probability(logits: np.ndarray) -> float:
 class DraftModelSource(Source):
     """Draft tokens from a small model, each with the q it was drawn from when sampling."""
 
-    name = "draft"
+    name = NAME
     expensive = True
 
-    def __init__(self, ctx: Context, config: DraftConfig) -> None:
-        self.ctx = ctx
+    def __init__(self, drafts: "DraftSequences", lane: int, config: DraftConfig) -> None:
+        self.drafts = drafts
+        self.ctx = drafts.sequence(lane)
         self.config = config
         self.max_len = config.draft_max
 
     def lag(self, tokens: Sequence[int]) -> int:
-        """Accepted tokens (the pending one aside) the draft's cache does not hold."""
-        return len(tokens) - 1 - common_prefix(self.ctx.tokens, tokens[:-1])
+        """Accepted tokens (the pending one aside) the draft's cache does not hold (nor another
+        lane's, to take over)."""
+        return len(tokens) - 1 - self.drafts.held(tokens[:-1])
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
@@ -58,8 +66,7 @@ class DraftModelSource(Source):
         if max_len < max(1, cfg.draft_min):
             return Proposal()
         decodes: List[Tuple[int, float]] = []
-        keep = common_prefix(self.ctx.tokens, tokens[:-1])
-        self.ctx.truncate(keep)
+        keep = self.drafts.follow(self.ctx, tokens[:-1])
         self._eval(tokens[keep:], decodes)  # the catch-up and the pending token, one batch
         drafted: List[int] = []
         deciles: List[int] = []
@@ -96,11 +103,42 @@ class DraftModelSource(Source):
         self.ctx.eval(tokens, logits="last")
         decodes.append((len(tokens), time.perf_counter() - t0))
 
-    def contexts(self) -> List[Context]:
+    def contexts(self) -> List[KVSequence]:
         return [self.ctx]
 
 
+class DraftSequences:
+    """A draft model's context, lane i drafting on its sequence i (one text: sequence 0)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._sequences: Dict[int, KVSequence] = {}
+
+    def sequence(self, lane: int) -> KVSequence:
+        """Lane ``lane``'s sequence (the same object every time: its bookkeeping is one)."""
+        if lane not in self._sequences:
+            self._sequences[lane] = KVSequence(self.ctx, lane)
+        return self._sequences[lane]
+
+    def held(self, text: Sequence[int]) -> int:
+        """How much of ``text`` some sequence holds."""
+        return max((common_prefix(s.tokens, text) for s in self._sequences.values()), default=0)
+
+    def follow(self, seq: KVSequence, text: Sequence[int]) -> int:
+        """Cut ``seq`` to what it holds of ``text``, then take over more of it from another lane's
+        sequence where one holds more; return how much of ``text`` it holds now."""
+        seq.truncate(common_prefix(seq.tokens, text))
+        best, most = None, len(seq.tokens)
+        for other in self._sequences.values():
+            n = common_prefix(other.tokens, text)
+            if other is not seq and n > most:
+                best, most = other, n
+        if best is not None:
+            seq.share(best, most)
+        return len(seq.tokens)
+
+
 PLUGIN = Plugin(
-    "draft", lambda loaded, text: DraftModelSource(loaded.draft_ctx, loaded.draft),
+    NAME, lambda loaded, text: DraftModelSource(loaded.drafts, text.lane, loaded.draft),
     {decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, overall=0.6,
     needs=frozenset({Need.DRAFT_MODEL}), expensive=True, describe="the draft model alone")

@@ -8,9 +8,9 @@ passed to ``LlamaSpec``). Sources are built for one generation (one text, or one
 several) from two things::
 
     Loaded          what a LlamaSpec loaded once: configurations, n-gram cache files, a draft
-                    model's context, the vocabulary's bytes
-    TextContext     what one generation carries: its references, its sibling samples (later a
-                    request's grammar)
+                    model's sequences, the vocabulary's bytes
+    TextContext     what one generation carries: its lane, its references, its sibling samples
+                    (later a request's grammar)
 
 A need is met by one of the two. One that ``Loaded`` meets (a draft model, cache files) is
 checked when a LlamaSpec loads: a source named in ``--spec`` whose need is not met is an error.
@@ -29,8 +29,8 @@ from ..errors import ConfigError
 from .base import Evidence, Source
 
 if TYPE_CHECKING:
-    from ..llama.binding import Context
     from .consensus import Siblings
+    from .draft_model import DraftSequences
     from .ngram_cache import NgramCaches
 
 
@@ -51,18 +51,20 @@ class Loaded:
     lookahead: LookaheadConfig = LookaheadConfig()
     draft: DraftConfig = DraftConfig()
     caches: Optional["NgramCaches"] = None
-    draft_ctx: Optional["Context"] = None
+    drafts: Optional["DraftSequences"] = None
 
     def meets(self) -> FrozenSet[Need]:
-        return frozenset({Need.DRAFT_MODEL} if self.draft_ctx is not None else set()) | \
+        return frozenset({Need.DRAFT_MODEL} if self.drafts is not None else set()) | \
             frozenset({Need.CACHE_FILES} if self.caches is not None else set())
 
 
 @dataclass(frozen=True)
 class TextContext:
-    """What one generation carries to its sources: texts to copy from (tokens), and the board
-    of its sibling samples with its own index on it."""
+    """What one generation carries to its sources: the lane it is decoded on (its KV-cache
+    sequences), texts to copy from (tokens), and the board of its sibling samples with its own
+    index on it."""
 
+    lane: int = 0
     references: Tuple[Tuple[int, ...], ...] = ()
     siblings: Optional["Siblings"] = None
     sample: int = 0
