@@ -21,8 +21,8 @@ from .llama.binding import ModelPool
 from .measure.agreement import AgreementReport, CandidateAgreement, agreement
 from .api import LlamaSpec, load
 from .engine.batcher import Batcher
-from .engine.scheduler import RequestStream
-from .engine.generation import Chunk, Result, Stream
+from .engine.scheduler import RequestStream, Stream
+from .engine.generation import Chunk, Result
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig)
 from .errors import (

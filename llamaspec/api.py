@@ -15,23 +15,21 @@ from . import completions
 from .llama import models
 from .planning.acceptance_model import AcceptanceModel
 from .sources.base import Source
-from .sources.draft_model import DraftSequences
-from .sources.registry import Loaded, Need, Registry, TextContext, default_registry
-from .sources.draft_model import NAME as DRAFT
+from .sources.draft_model import NAME as DRAFT, DraftSequences
+from .sources.registry import Loaded, Need, Registry, TextContext
+from .sources import default_registry
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
-from .engine.engine import Engine
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
 from .sources.lookahead import check_fits
 from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
-from .planning.speculator import Speculator
 from .sources.consensus import Siblings
-from .engine.lanes import BatchEngine, check_prompt
-from .engine.scheduler import Request, RequestStream, Scheduler
+from .engine.engine import Engine, check_prompt
+from .engine.scheduler import Request, RequestStream, Scheduler, Stream
 from .engine.batcher import Batcher
 from .llama.models import resolve_model
-from .engine.generation import Result, Stream, last, make_config
+from .engine.generation import Result, last, make_config
 from .llama.vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]
@@ -105,7 +103,8 @@ class LlamaSpec:
             self._text = TextContext(references=tuple(tuple(self.model.tokenize(text, add_special=False,
                                                                                  parse_special=False))
                                                       for text in references))
-            self.engine = Engine(self.ctx, self._speculator(), leaves)
+            self._leaves = leaves
+            self._restart()
         except BaseException:  # nothing half-loaded stays behind
             for ctx in (self.ctx, self._draft_ctx):
                 if ctx is not None:
@@ -114,10 +113,17 @@ class LlamaSpec:
             raise
         self._template: Optional[ChatTemplate] = None
 
-    def _speculator(self) -> Speculator:
-        """Fresh sources, a fresh acceptance model and the planner (the cost model lives on)."""
-        sources = self.registry.build(self._names, self._loaded, self._text)
-        return Speculator(sources, self._acceptance_model(), self._planner(self._costs), self.model.eog_tokens)
+    def _restart(self) -> None:
+        """Empty caches and an engine of MAX_SAMPLES lanes on them, one request at a time: fresh
+        sources, acceptance model and planner (the cost model lives on)."""
+        self.ctx.clear()
+        if self._draft_ctx is not None:
+            self._draft_ctx.clear()
+            self._loaded = replace(self._loaded, drafts=DraftSequences(self._draft_ctx))
+        self.engine = Engine(self.ctx, MAX_SAMPLES, self._leaves)
+        self._scheduler = Scheduler(self.engine, self.model, self._sources_for(self._loaded),
+                                    self._planner(self._costs), self.ctx.n_ctx, self.ctx.n_ctx,
+                                    self._acceptance_model(), exclusive=True)
 
     def _acceptance_model(self) -> AcceptanceModel:
         return AcceptanceModel(self.registry.priors(), self.registry.overall())
@@ -169,20 +175,22 @@ class LlamaSpec:
         context, so, like a Stream, this one is closed when another generation starts."""
         config = make_config(**options)
         request = Request(self._prompt_tokens(prompt), config, n, self.spec_name)  # bad n: before any decoding
+        if n > MAX_SAMPLES:
+            raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
+        with self._lock:
+            self._active = self._submit(request)
+            return self._active
+
+    def _submit(self, request: Request) -> RequestStream:
+        """``request`` on this LlamaSpec's engine, read (and stepped) under its lock."""
         with self._lock:
             self._check_open()
+            if not request.prompt:
+                raise PromptError("the prompt is empty")
             check_prompt(len(request.prompt), self.ctx.n_ctx)
-            if n > MAX_SAMPLES:
-                raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
             self._close_active("another generation started on the same LlamaSpec")
-            lanes = BatchEngine(self.ctx, n, min(MAX_LEAVES, self.ctx.n_seq_max - n))
-            lanes.adopt(0, self.ctx.tokens)
-            scheduler = Scheduler(lanes, self.model, self._sources_for(self._loaded), self._planner(self._costs),
-                                  self.ctx.n_ctx, self.ctx.n_ctx, self._acceptance_model())
-            scheduler.submit(request)
-            self._active = RequestStream(request, scheduler.cancel, scheduler.step,
-                                         lambda: self.engine.adopt(lanes.release()), self._lock)
-            return self._active
+            self._scheduler.submit(request)
+            return RequestStream(request, self._scheduler.cancel, self._scheduler.step, lock=self._lock)
 
     def batcher(self, parallel: int) -> Batcher:
         """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
@@ -209,16 +217,16 @@ class LlamaSpec:
             # learns this batch's timings, not ours
             planner = self._planner(CostModel(self._costs.curves[CostModel.TARGET],
                                               {n: c for n, c in self._costs.curves.items() if n != CostModel.TARGET}))
-            scheduler = Scheduler(BatchEngine(ctx, parallel), self.model, self._sources_for(loaded), planner,
+            scheduler = Scheduler(Engine(ctx, parallel), self.model, self._sources_for(loaded), planner,
                                   n_ctx * parallel, n_ctx, self._acceptance_model())
             batcher = Batcher(scheduler, contexts, self._prompt_tokens, self.spec_name)
             self._batchers.append(batcher)
             return batcher
 
-    def _sources_for(self, loaded: Loaded) -> Callable[[Siblings, int, int], List[Source]]:
+    def _sources_for(self, loaded: Loaded) -> Callable[[Optional[Siblings], int, int], List[Source]]:
         """The sources of sample i of a request on lane l: this LlamaSpec's (a draft model on its
-        lane's sequence), and its siblings' (consensus)."""
-        def sources(siblings: Siblings, i: int, lane: int) -> List[Source]:
+        lane's sequence), and, between samples of one prompt, its siblings' (consensus)."""
+        def sources(siblings: Optional[Siblings], i: int, lane: int) -> List[Source]:
             return self.registry.build(self._names, loaded, replace(self._text, lane=lane, siblings=siblings, sample=i))
         return sources
 
@@ -273,9 +281,9 @@ class LlamaSpec:
             return tokens
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
-        self._close_active("another generation started on the same LlamaSpec")
-        self._active = Stream(self.engine, self.model, tokens, config, self.spec_name, self._lock, dropped_turns)
-        return self._active
+        with self._lock:
+            self._active = Stream(self._submit(Request(tokens, config, 1, self.spec_name)), dropped_turns)
+            return self._active
 
     # --- llama-cpp-python's completion methods ----------------------------------------------
     def create_completion(self, prompt: Prompt, **kwargs: Any) -> Any:
@@ -302,7 +310,7 @@ class LlamaSpec:
         with self._lock:
             self._check_open()
             self._close_active("the LlamaSpec was reset")
-            self.engine.restart(self._speculator())
+            self._restart()
 
     def close(self) -> None:
         """Free the models and their caches; every later call raises LlamaspecError."""

@@ -30,7 +30,8 @@ from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfi
 from .planning.costs import CostCurve, CostModel, cached_curve
 from .errors import LlamaspecError, LlamaspecWarning
 from .engine.generation import Result, make_config
-from .sources.registry import Loaded, TextContext, default_registry
+from .sources.registry import Loaded, TextContext
+from .sources import default_registry
 from .sources.ngram_cache import NGRAM_STATIC, NgramCache, NgramCaches
 from .planning.planner import Planner
 from .repl import run_chat

@@ -17,8 +17,8 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError
-from .engine.generation import Chunk, Result, Stream
-from .engine.scheduler import RequestStream, aggregate
+from .engine.generation import Chunk, Result
+from .engine.scheduler import RequestStream, Stream, aggregate
 from .engine.stats import Stats
 
 Response = Dict[str, Any]

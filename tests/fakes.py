@@ -36,7 +36,7 @@ def logits_of(prefix: Sequence[int], sharp: bool = True) -> np.ndarray:
 
 
 class FakeContext:
-    """Enough of ``_llama.Context`` for the engine: eval, eval_tree, keep_path, truncate, logits.
+    """Enough of ``llama.binding.Context`` for the engine: decode_rows, seq_rm, seq_cp, logits.
 
     The cache is a list of cells ``(position, token, sequence ids)``; ``cells(seq)`` reads a
     sequence back, so tests check the engine's KV bookkeeping like the real-model tests do."""
@@ -94,31 +94,7 @@ class FakeContext:
                           for i, t in enumerate(chunk)])
             self.tokens.extend(chunk)
 
-    def eval_tree(self, token: int, rows: Sequence[Tuple[int, int, Sequence[int], bool]], n_seqs: int) -> int:
-        n = len(self.tokens)
-        assert n_seqs <= self.n_seq_max
-        for seq in range(1, n_seqs):  # seq_cp(0, seq)
-            for _, _, seqs in self._cells:
-                if 0 in seqs:
-                    seqs.add(seq)
-        self._decode([(token, n, tuple(range(n_seqs)), True)] + [(t, n + off, tuple(ids), lg) for t, off, ids, lg in rows])
-        self.tokens.append(token)
-        return len(self._out)
-
-    def keep_path(self, seq: int, tokens: Sequence[int], n_seqs: int) -> None:
-        n = len(self.tokens)
-        path = {p: t for p, t, seqs in self._cells if seq in seqs and p >= n}
-        assert [path.get(n + i) for i in range(len(tokens))] == list(tokens), "the kept sequence lacks the path"
-        kept = []
-        for p, t, seqs in self._cells:
-            if p < n:
-                kept.append((p, t, {0} if 0 in seqs else set()))
-            elif p < n + len(tokens) and seq in seqs:
-                kept.append((p, t, {0}))
-        self._cells = [c for c in kept if c[2]]
-        self.tokens.extend(tokens)
-
-    # --- several sequences at once (lanes.py) ---------------------------------------------
+    # --- sequences (engine.py) ------------------------------------------------------------
     def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
         self._decode([(t, pos, tuple(ids), lg) for t, pos, ids, lg in rows])
         return len(self._out)
@@ -166,6 +142,6 @@ def copying_prompt() -> List[int]:
 
 def check_kv(ctx: FakeContext, tokens: Sequence[int]) -> None:
     """Between steps: sequence 0 holds exactly tokens[:-1], no other sequence holds anything."""
-    assert ctx.cells(0) == list(tokens[:-1]) and ctx.tokens == list(tokens[:-1])
+    assert ctx.cells(0) == list(tokens[:-1])
     assert ctx.used_seqs() <= {0}, f"stale sequences {ctx.used_seqs()}"
 

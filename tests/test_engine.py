@@ -1,27 +1,29 @@
-"""The engine and a generation's bookkeeping on a fake target (tests/fakes.py): token tries, stops
-inside a step, the context's edge, max_tokens, statistics, the KV cache after every step, and
-exact sampling through the whole verify path. Milliseconds, no model."""
+"""One text on the engine, as a LlamaSpec runs it (one lane, its scheduler), on a fake target
+(tests/fakes.py): token tries, stops inside a step, the context's edge, max_tokens, statistics,
+the KV cache after every step, and exact sampling through the whole verify path. Milliseconds,
+no model."""
 
 from __future__ import annotations
 
 import collections
 import itertools
-from typing import List
+from typing import Iterator, List
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
 from llamaspec.planning.acceptance_model import AcceptanceModel
-from llamaspec.engine.generation import Stream, make_config
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.scheduler import Request, RequestStream, Scheduler, Stream
 from llamaspec.sources.base import Candidate, Outcome, Proposal, Source
-from llamaspec.sources.registry import default_registry
+from llamaspec.sources import default_registry
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
-from llamaspec.engine.engine import Engine
+from llamaspec.engine.engine import Engine, Step
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
-from llamaspec.sampling import sample, transform
+from llamaspec.sampling import Uniforms, sample, transform
 from llamaspec.planning.speculator import Speculator
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of
@@ -72,23 +74,63 @@ def with_oracle() -> AcceptanceModel:
     return AcceptanceModel({**priors, "oracle": {1: 0.9}}, {**dict.fromkeys(priors, 0.1), "oracle": 0.9})
 
 
+class OneText:
+    """One text at a time on a one-lane engine over a fake target, as a LlamaSpec runs it: the
+    scheduler cuts a text at its stop and goes on with its speculator for the next text."""
+
+    def __init__(self, sources, curve=CostCurve.flat(), ctx=None, **ctx_options) -> None:
+        self.ctx = ctx if ctx is not None else FakeContext(**ctx_options)
+        self.sources = list(sources)
+        self.engine = Engine(self.ctx, 1)
+        self.scheduler = Scheduler(self.engine, FakeModel(), lambda siblings, i, lane: self.sources,
+                                   Planner(CostModel(curve)), self.ctx.n_ctx, self.ctx.n_ctx, with_oracle(),
+                                   exclusive=True)
+
+    @property
+    def tokens(self) -> List[int]:
+        return self.engine.lanes[0].tokens
+
+    @property
+    def speculator(self) -> Speculator:
+        return self.engine.lanes[0].speculator
+
+    def generate(self, prompt, **options):
+        """(chunks, result) of one generation, read as a LlamaSpec's caller reads it."""
+        request = Request(list(prompt), make_config(**options))
+        self.scheduler.submit(request)
+        chunks = list(Stream(RequestStream(request, self.scheduler.cancel, self.scheduler.step)))
+        return chunks, chunks[-1].result
+
+    def steps(self, prompt, sampling=GREEDY, seed=0, max_new=100) -> Iterator[Step]:
+        """The engine's steps for ``prompt`` (the first: the prompt's decode, its first token);
+        closing the generator stops the text, its caches trimmed."""
+        if self.speculator is None:
+            self.engine.lanes[0].speculator = Speculator(self.sources, self.scheduler.model, self.scheduler.planner)
+        lane = self.engine.lanes[0]
+        self.engine.start([0], list(prompt), [lane.speculator], sampling,
+                          [(np.random.default_rng(seed), Uniforms(seed))], max_new, self.ctx.n_ctx)
+        try:
+            while lane.state == "prompt" or lane.live:
+                for _, step in self.engine.step():
+                    yield step
+        finally:
+            self.engine.stop(0)
+
+
 def engine(sources, curve=CostCurve.flat(), **ctx_options):
-    ctx = FakeContext(**ctx_options)
-    return Engine(ctx, Speculator(sources, with_oracle(),
-                                  Planner(CostModel(curve)))), ctx
+    eng = OneText(sources, curve, **ctx_options)
+    return eng, eng.ctx
 
 
 def generate(eng, prompt, **options):
-    chunks = list(Stream(eng, FakeModel(), list(prompt), make_config(**options)))
-    return chunks, chunks[-1].result
+    return eng.generate(prompt, **options)
 
 
 def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_step():
     prompt = copying_prompt()
     eng, ctx = engine([LookupSource(), Oracle()])
-    eng.prefill(prompt)
     text = []
-    for step in eng.steps(GREEDY, np.random.default_rng(0), 40):
+    for step in eng.steps(prompt, max_new=40):
         text += step.tokens
         check_kv(ctx, eng.tokens)
     assert text == greedy_text(prompt, len(text)) and len(text) >= 40
@@ -98,8 +140,7 @@ def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_
 def test_a_trie_with_a_shared_prefix_is_one_decode_and_keeps_the_right_branch():
     log = StepLog()
     eng, ctx = engine([Oracle(k=5, wrong_after=2), log])
-    eng.prefill(fake_prompt())
-    steps = eng.steps(GREEDY, np.random.default_rng(0), 100)
+    steps = eng.steps(fake_prompt())
     next(steps)  # the first token, from the prompt's decode
     step = next(steps)
     assert ctx.decodes[-1] == 1 + 5 + 1  # the pending token, 5 right tokens, 1 wrong one after the shared 2
@@ -156,9 +197,8 @@ class EosContext(FakeContext):
 
 
 def eos_engine(eos_at, sources):
-    ctx = EosContext(eos_at)
-    return Engine(ctx, Speculator(sources, with_oracle(),
-                                  Planner(CostModel(CostCurve.flat())))), ctx
+    eng = OneText(sources, ctx=EosContext(eos_at))
+    return eng, eng.ctx
 
 
 class EosOracle(Oracle):
@@ -225,14 +265,14 @@ def test_a_cut_text_is_followed_not_relearned():
     eng, ctx = engine([lookup])
     _, first = generate(eng, prompt, max_tokens=20, temperature=0, stop=[plain.text[8:10]])
     assert first.stop_reason == "stop"
-    evidence = eng.speculator.model.evidence("lookup")
+    evidence = eng.scheduler.model.evidence("lookup")
     indexed = []
     extend = lookup.lookup.history.extend
     lookup.lookup.history.extend = lambda new: (indexed.append(len(new)), extend(new))
     generate(eng, eng.tokens + [1, 2], max_tokens=3, temperature=0)
     assert indexed and sum(indexed) <= 20 < len(eng.tokens) - 40  # the new tokens, not the whole text again
     assert lookup.lookup.history.tokens == eng.tokens[:len(lookup.lookup.history.tokens)]
-    assert eng.speculator.model.evidence("lookup") > 0.5 * evidence > 0  # not thrown away
+    assert eng.scheduler.model.evidence("lookup") > 0.5 * evidence > 0  # not thrown away
 
 
 def test_the_planner_on_a_steep_curve_mostly_decodes_plainly_on_text_it_cannot_predict():
@@ -268,14 +308,13 @@ def test_sampling_through_the_engine_is_exact():
     counts = collections.Counter()
     n = 6000
     for seed in range(n):
-        eng.rewind(0)
-        eng.prefill(prompt + [int(seed % 2)])
-        rng = np.random.default_rng(seed)
         got = []
-        for step in eng.steps(sampling, rng, 3):
+        steps = eng.steps(prompt + [int(seed % 2)], sampling, seed, 3)
+        for step in steps:
             got += step.tokens
             if len(got) >= 3:
                 break
+        steps.close()
         counts[tuple(got[1:3])] += 1
         check_kv(ctx, eng.tokens)
     # the first token comes from the prompt's row; the next two from one or two verify steps

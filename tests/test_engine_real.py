@@ -3,50 +3,67 @@
 from __future__ import annotations
 
 import collections
+from typing import List
 
 import numpy as np
 import psutil
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec import PromptError, SamplingConfig, VocabMismatchError
+from llamaspec import PromptError, Result, SamplingConfig, VocabMismatchError
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.scheduler import Request
 from llamaspec.sampling import transform
 
 from conftest import PROMPTS, QWEN, QWEN_DRAFT, SMOL, chatml
 
 
-def assert_kv_invariant(spec):
-    """The target's sequence 0 holds exactly the text but its pending last token, no other
-    sequence holds anything; a draft model's cache holds a prefix of it."""
-    engine = spec.engine
-    n_past = len(engine.tokens) - 1
-    target, *others = engine.contexts()
-    assert target.pos_max(0) == n_past - 1 and target.tokens == engine.tokens[:n_past]
-    for seq in range(1, target.n_seq_max):
-        assert target.pos_max(seq) == -1, f"sequence {seq} has stale cells"
-    for seq in others:  # a draft model's sequence
-        assert seq.tokens == engine.tokens[:len(seq.tokens)] and len(seq.tokens) <= n_past
-        assert seq.pos_max() == len(seq.tokens) - 1
+def assert_engine_kv(engine) -> None:
+    """Between steps: every lane's home holds exactly what it caches, a prefix of its text but the
+    pending token (while decoding: exactly that); a lane's draft sequence holds a prefix of it
+    too; the scratch sequences hold nothing."""
+    ctx = engine.target
+    for ln in engine.lanes:
+        n = len(ln.cached)
+        assert (ctx.pos_min(ln.home), ctx.pos_max(ln.home)) == ((0, n - 1) if n else (-1, -1)), f"lane {ln.home}"
+        assert ln.cached == ln.tokens[:n] and n <= max(len(ln.tokens) - 1, 0)
+        if ln.state == "decoding":
+            assert n == len(ln.tokens) - 1
+        for seq in ln.speculator.contexts() if ln.speculator is not None else ():
+            assert seq.tokens == ln.tokens[:len(seq.tokens)] and len(seq.tokens) <= max(len(ln.tokens) - 1, 0)
+            assert seq.pos_max() == len(seq.tokens) - 1
+    for seq in engine.scratch:
+        assert ctx.pos_max(seq) == -1, f"sequence {seq} has stale cells"
+
+
+def assert_kv_invariant(spec) -> None:
+    assert_engine_kv(spec.engine)
+
+
+def generate_checked(spec, prompt: List[int], **options) -> Result:
+    """One text through ``spec``'s scheduler, as generate decodes it, one engine step at a time,
+    every cache checked after each."""
+    request = Request(prompt, make_config(**options))
+    spec._scheduler.submit(request)
+    for _ in range(10_000):
+        if request.done.is_set():
+            break
+        spec._scheduler.step()
+        assert_kv_invariant(spec)
+    assert request.done.is_set() and request.error is None
+    return request.results[0]
 
 
 @pytest.mark.parametrize("fixture", ["smol_plain", "smol_self", "smol_auto", "qwen_pair", "qwen_auto"])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_kv_invariant_after_every_step(request, fixture, temperature):
     spec = request.getfixturevalue(fixture)
-    prompt = spec.tokenize(PROMPTS[2])
-    spec.engine.prefill(prompt)
-    assert spec.ctx.tokens == prompt  # the whole prompt, its last row chose the first token
-    sampling = SamplingConfig(temperature=temperature, seed=1)
     n = 24 if fixture.startswith("qwen") else 48
-    emitted, drafted = 0, 0
-    for step in spec.engine.steps(sampling, np.random.default_rng(1), n):
-        assert 1 <= len(step.tokens) and step.n_accepted <= step.n_drafted
-        assert_kv_invariant(spec)
-        emitted += len(step.tokens)
-        drafted += step.n_drafted
-    assert emitted == n
+    result = generate_checked(spec, spec.tokenize(PROMPTS[2]), max_tokens=n, temperature=temperature, seed=1)
+    stats = result.stats
+    assert stats.n_predict == n and stats.n_accept <= stats.n_drafted
     if fixture in ("smol_self", "qwen_pair"):
-        assert drafted > 0
+        assert stats.n_drafted > 0
 
 
 def test_abandoned_stream_leaves_caches_consistent(smol_self):
@@ -56,7 +73,7 @@ def test_abandoned_stream_leaves_caches_consistent(smol_self):
         pass
     chunks.close()
     assert_kv_invariant(smol_self)
-    assert len(smol_self.engine.tokens) > len(smol_self.tokenize(PROMPTS[0]))
+    assert len(smol_self.engine.lanes[0].tokens) > len(smol_self.tokenize(PROMPTS[0]))
     # the caches now hold part of a reply; the next generation must not be disturbed by it
     assert smol_self.generate(PROMPTS[0], max_tokens=16, temperature=0).tokens == before
 
@@ -175,8 +192,11 @@ def test_fifty_generations_do_not_leak(smol_self):
 
 def test_failed_decode_raises_our_error(smol_plain):
     from llamaspec import DecodeError
+    smol_plain.generate(PROMPTS[0], max_tokens=4, temperature=0)
     ctx = smol_plain.ctx
-    n = len(ctx.tokens)
+    held = ctx.pos_max(0)  # the last text's, on lane 0
     with pytest.raises(DecodeError, match="llama_decode failed"):
-        ctx.eval([smol_plain.model.n_vocab + 10])  # a token id outside the vocabulary
-    assert len(ctx.tokens) == n and ctx.pos_max(0) == n - 1
+        ctx.decode_rows([(smol_plain.model.n_vocab + 10, held + 1, (0,), True)])  # a token id outside the vocabulary
+    assert ctx.pos_max(0) == held
+    assert_kv_invariant(smol_plain)
+    assert len(smol_plain.generate(PROMPTS[0], max_tokens=4, temperature=0).tokens) == 4

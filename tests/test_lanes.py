@@ -16,17 +16,14 @@ from llamaspec.config import DraftConfig, LookaheadConfig, SamplingConfig
 from llamaspec.sources.draft_model import DraftModelSource, DraftSequences
 from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, evidence
 from llamaspec.planning.costs import CostCurve, CostModel
-from llamaspec.engine.engine import Engine
 from llamaspec.errors import ConfigError
-from llamaspec.engine.generation import Stream, make_config
-from llamaspec.engine.lanes import BatchEngine
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.engine import Engine
 from llamaspec.sources.lookahead import LookaheadSource
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
 from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.stats import SourceStats
-from llamaspec.planning.acceptance_model import AcceptanceModel
-from llamaspec.planning.speculator import Speculator
 
 from fakes import V, FakeContext, FakeModel, copying_prompt, fake_prompt, greedy_text, logits_of
 
@@ -40,7 +37,7 @@ class BlurredContext(FakeContext):
 FLAT = CostModel(CostCurve.flat())
 
 
-def check_lanes(ctx: FakeContext, engine: BatchEngine) -> None:
+def check_lanes(ctx: FakeContext, engine: Engine) -> None:
     """Between steps: each lane's home holds exactly its cached tokens, which are its text but
     the pending token (decoding) or the part of its prompt read so far; scratch sequences are empty."""
     for ln in engine.lanes:
@@ -58,19 +55,29 @@ def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus
         out = []
         if lookup:
             out.append(LookupSource())
-        if consensus:
+        if consensus and siblings is not None:  # several samples of one prompt
             out.append(ConsensusSource(siblings, i))
         if drafts is not None:
             out.append(DraftModelSource(drafts, lane, DraftConfig(draft_max=6)))
         return out
-    return Scheduler(BatchEngine(ctx, n_lanes), FakeModel(), sources, Planner(costs), ctx.n_ctx, ctx.n_ctx)
+    return Scheduler(Engine(ctx, n_lanes), FakeModel(), sources, Planner(costs), ctx.n_ctx, ctx.n_ctx)
+
+
+def alone(prompt, config, sources=(), ctx=None) -> List[int]:
+    """The text one lane decodes alone, as a LlamaSpec decodes one text."""
+    ctx = ctx if ctx is not None else FakeContext(n_ctx=2048, n_batch=256, sharp=config.sampling.temperature == 0)
+    sched = Scheduler(Engine(ctx, 1), FakeModel(), lambda siblings, i, lane: list(sources), Planner(FLAT),
+                      ctx.n_ctx, ctx.n_ctx, exclusive=True)
+    request = Request(prompt, config)
+    sched.run(request)
+    return request.results[0].tokens
 
 
 # A draft model that costs a tenth of the target per token, on a flat curve: worth asking every step.
 CHEAP_DRAFT = CostModel(CostCurve([1.0] * 32, 10.0, 1, "ideal"), {"draft": CostCurve([1.0] * 32, 1.0, 1, "ideal")})
 
 
-def check_drafts(drafts: DraftSequences, engine: BatchEngine) -> None:
+def check_drafts(drafts: DraftSequences, engine: Engine) -> None:
     """Between steps: each lane's draft sequence holds a prefix of its text but the pending token."""
     for ln in engine.lanes:
         seq = drafts.sequence(ln.home)
@@ -132,18 +139,17 @@ def test_lookahead_windows_ride_in_lanes_as_alone(n_seq_max):
     def sources(siblings, i, lane):
         made.append(Windows())
         return [made[-1]]
-    sched = Scheduler(BatchEngine(ctx, 3), FakeModel(), sources, Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
+    sched = Scheduler(Engine(ctx, 3), FakeModel(), sources, Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
     requests = [Request(p, make_config(max_tokens=30, temperature=0)) for p in prompts]
     run_all(sched, requests, ctx)
     for p, r, lane in zip(prompts, requests, made):
         assert r.results[0].tokens == greedy_text(p, 30)
-        alone = Windows()
-        engine = Engine(FakeContext(n_ctx=2048, n_batch=256), Speculator([alone], AcceptanceModel(), Planner(FLAT)))
-        list(Stream(engine, FakeModel(), p, make_config(max_tokens=30, temperature=0)))
+        single = Windows()
+        alone(p, make_config(max_tokens=30, temperature=0), [single])
         rode = [t for t in lane.rides if t is not None]
         assert rode, "no window rode"
         if n_seq_max > 3 + 4:
-            assert lane.rides == alone.rides
+            assert lane.rides == single.rides
         else:
             assert len(rode) < len(lane.rides)  # lanes shared the scratch sequences
     assert ctx.used_seqs() <= {0, 1, 2}
@@ -159,9 +165,8 @@ def test_samples_equal_single_runs_with_their_seeds():
     request = Request(prompt, config, n=4)
     run_all(sched, [request], ctx)
     for i, result in enumerate(request.results):
-        engine = Engine(FakeContext(n_ctx=1024, n_batch=64, sharp=False), Speculator([], AcceptanceModel(), Planner(FLAT)))
-        expected = Stream(engine, FakeModel(), prompt, make_config(max_tokens=40, temperature=0.8, seed=7 + i))
-        tokens = [t for chunk in expected for t in chunk.tokens]
+        tokens = alone(prompt, make_config(max_tokens=40, temperature=0.8, seed=7 + i),
+                       ctx=FakeContext(n_ctx=1024, n_batch=64, sharp=False))
         assert result.tokens == tokens, f"sample {i}"
         assert result.stats.seed == 7 + i
     assert len({tuple(r.tokens) for r in request.results}) > 1

@@ -14,7 +14,9 @@ from llamaspec.cli import cli
 
 from conftest import PROMPTS, QWEN, SMOL, THREADS
 from test_greedy_real import N_TOKENS, check_greedy
+from test_engine_real import assert_kv_invariant, generate_checked
 from test_lookup_real import check_stats as check_step_stats
+from test_samples_real import assert_sampled_as_alone
 
 DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
 CODE_EDIT = (DATA / "baseline_type_hints.txt").read_text()
@@ -31,17 +33,6 @@ def smol_fixed(module_spec):
 @pytest.fixture(scope="module")
 def qwen_lookahead(module_spec):
     return module_spec(QWEN, spec="lookahead")
-
-
-def assert_only_sequence_zero(spec):
-    """Sequence 0 holds exactly the accepted tokens but the pending one; no other sequence
-    holds any cell."""
-    engine, ctx = spec.engine, spec.ctx
-    n_past = len(engine.tokens) - 1
-    assert ctx.pos_min(0) == 0 and ctx.pos_max(0) == n_past - 1
-    assert ctx.tokens == engine.tokens[:n_past]
-    for seq in range(1, ctx.n_seq_max):
-        assert ctx.pos_max(seq) == -1 and ctx.pos_min(seq) == -1, f"sequence {seq} has stale cells"
 
 
 def check_stats(stats: Stats, n_tokens: int):
@@ -89,39 +80,43 @@ def test_qwen_fixed_window_on_the_code_edit(make_spec, qwen_plain, reference):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_kv_invariant_after_every_step(smol_fixed, temperature):
     """Every step carries the window's 4 sequences and the candidates' branches; after each
-    only sequence 0 holds cells."""
-    stats = Stats()
-    engine = smol_fixed.engine
-    engine.prefill(smol_fixed.tokenize(PROMPTS[2]))
-    for step in engine.steps(SamplingConfig(temperature=temperature, seed=5), np.random.default_rng(5), 48):
-        stats.record_step(step)
-        assert_only_sequence_zero(smol_fixed)
-    assert stats.n_predict == 48 and stats.n_drafted > 0
+    only the text's own sequence holds cells."""
+    result = generate_checked(smol_fixed, smol_fixed.tokenize(PROMPTS[2]), max_tokens=48, temperature=temperature,
+                              seed=5)
+    assert result.stats.n_predict == 48 and result.stats.n_drafted > 0
 
 
-def test_abandoned_stream_leaves_only_sequence_zero(smol_fixed):
+def test_abandoned_stream_leaves_only_the_texts_sequence(smol_fixed):
     chunks = smol_fixed.stream(PROMPTS[0], max_tokens=40, temperature=0)
     next(chunks)
     chunks.close()
-    assert_only_sequence_zero(smol_fixed)
+    assert_kv_invariant(smol_fixed)
     result = smol_fixed.generate(PROMPTS[0], max_tokens=8, temperature=0)  # still works
     assert len(result.tokens) == 8
 
 
-def test_sampling_runs_and_is_reproducible(smol_fixed):
+def test_sampling_runs_and_is_reproducible(smol_fixed, reference):
+    """A seed gives the same text from the same state; after the sources learned from that text
+    (other windows and branches in the batch), the same text or one that leaves it first at a
+    sampling near-tie (a batch of other rows rounds differently)."""
+    smol_fixed.reset()
     a = smol_fixed.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=11)
+    smol_fixed.reset()
     b = smol_fixed.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=11)
     assert a.tokens == b.tokens and len(a.tokens) == 32
+    again = smol_fixed.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=11)
+    assert_sampled_as_alone(reference(SMOL), smol_fixed.tokenize(PROMPTS[1]), again.tokens, a.tokens,
+                            SamplingConfig(temperature=0.8), 11, "after learning")
 
 
 def test_pool_is_seeded_from_the_prompt_and_references(make_spec):
     prompt = "<|im_start|>user\nRepeat: the quick brown fox jumps over the lazy dog<|im_end|>\n<|im_start|>assistant\n"
     reference = "zebra crossing tomorrow morning at nine"
     spec = make_spec(SMOL, spec="lookahead", lookahead=LookaheadConfig(w=1, n=4, g=2), references=[reference])
-    (source,) = spec.engine.speculator.sources
+    spec.generate(prompt, max_tokens=2, temperature=0)
+    (source,) = spec.engine.lanes[0].speculator.sources
     ref = spec.model.tokenize(reference, add_special=False, parse_special=False)
     assert [ref[1:4]] == [c for c, _, _ in source.pool.candidates([], ref[0], 1)]
-    spec.generate(prompt, max_tokens=2, temperature=0)
     fox = spec.model.tokenize(" quick brown fox jumps", add_special=False, parse_special=False)
     assert fox[1:] in [c for c, _, _ in source.pool.candidates([], fox[0], 16)]
 

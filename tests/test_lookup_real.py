@@ -18,7 +18,7 @@ from llamaspec.sources.lookup import FRESH, OWN_MATCH, Anchored, LookupSource, M
 from llamaspec.sources.ngram_cache import NgramCache
 
 from conftest import QWEN, SMOL, chatml
-from test_engine_real import assert_kv_invariant
+from test_engine_real import assert_kv_invariant, generate_checked
 from test_greedy_real import N_TOKENS, check_greedy
 
 DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
@@ -106,13 +106,8 @@ def test_an_answer_saying_its_own_phrases_again_copies_itself_as_such(qwen_plain
 
 
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
-    engine = qwen_lookup.engine
-    engine.prefill(qwen_lookup.tokenize(CODE_EDIT))
-    stats = Stats()
-    for step in engine.steps(SamplingConfig(temperature=0.7, seed=3), np.random.default_rng(3), 40):
-        stats.record_step(step)
-        assert_kv_invariant(qwen_lookup)
-    check_stats(stats, 40)
+    result = generate_checked(qwen_lookup, qwen_lookup.tokenize(CODE_EDIT), max_tokens=40, temperature=0.7, seed=3)
+    check_stats(result.stats, 40)
 
 
 def test_reference_documents_are_copied(make_spec, smol_plain, reference):

@@ -7,7 +7,7 @@ from llamaspec.sources.base import Candidate, Rider
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.planning import planner
 from llamaspec.planning.planner import Limits, Planner
-from llamaspec.sources.registry import default_registry
+from llamaspec.sources import default_registry
 from llamaspec.sampling import Distribution
 
 ROOMY = Limits(max_depth=64, max_rows=512, room=1000, max_leaves=8)

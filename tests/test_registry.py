@@ -15,7 +15,8 @@ from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal, Source
 from llamaspec.sources.consensus import Siblings
 from llamaspec.sources.draft_model import PLUGIN as DRAFT
 from llamaspec.sources.ngram_cache import NgramCache, NgramCaches
-from llamaspec.sources.registry import Loaded, Need, Plugin, TextContext, default_registry
+from llamaspec.sources.registry import Loaded, Need, Plugin, TextContext
+from llamaspec.sources import default_registry
 
 from conftest import PROMPTS, SMOL
 from test_greedy_real import check_greedy

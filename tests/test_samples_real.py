@@ -5,6 +5,7 @@ decoding, and `llamaspec generate --samples`."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,9 @@ from llamaspec.llama.binding import quantize
 from llamaspec.config import SamplingConfig
 from llamaspec.sources.consensus import ConsensusSource
 from llamaspec.engine.generation import make_config
-from llamaspec.engine.lanes import BatchEngine
+from llamaspec.engine.engine import Engine
+from llamaspec.llama.binding import Context
+from llamaspec.sources.draft_model import DraftSequences
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.sources.ngram_cache import NgramCache
 from llamaspec.planning.planner import Planner
@@ -24,22 +27,10 @@ from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.stats import sum_sources
 
 from conftest import PROMPTS, SMOL, THREADS, assert_one_line_error, chatml, run
-from test_engine_real import assert_kv_invariant
+from test_engine_real import assert_engine_kv, assert_kv_invariant
 from test_greedy_real import NEAR_TIE
 
 JSON_PROMPT = chatml("Return a JSON list of 3 fictional people, each with name, age, email and city.")
-
-
-def assert_lanes(engine: BatchEngine) -> None:
-    """Each lane's home holds exactly its cached tokens (positions 0 .. n - 1); scratch is empty."""
-    ctx = engine.target
-    for ln in engine.lanes:
-        n = len(ln.cached)
-        assert (ctx.pos_min(ln.home), ctx.pos_max(ln.home)) == ((0, n - 1) if n else (-1, -1)), f"lane {ln.home}"
-        if ln.state == "decoding":
-            assert ln.cached == ln.tokens[:-1]
-    for seq in engine.scratch:
-        assert ctx.pos_max(seq) == -1, f"scratch sequence {seq} has stale cells"
 
 
 def assert_as_alone(ref, prompt, tokens, expected, label=""):
@@ -104,10 +95,14 @@ def test_a_sampled_near_tie_is_only_a_near_tie():
     assert not sampled_near_tie(row, sampling, 0.758, 3, 11)  # token 11 is far out of reach
 
 
+def lanes_of(spec, n_lanes: int) -> Engine:
+    """An engine of ``n_lanes`` over ``spec``'s model on a context of its own, as a batcher has."""
+    cfg = spec.target_config
+    return Engine(Context(spec.model, spec.ctx.n_ctx, cfg.threads, cfg.n_batch, spec.ctx.n_seq_max), n_lanes)
+
+
 def scheduler(spec, n_lanes: int) -> Scheduler:
-    engine = BatchEngine(spec.ctx, n_lanes)
-    engine.adopt(0, spec.ctx.tokens)
-    return Scheduler(engine, spec.model, lambda sib, i, lane: [LookupSource(), ConsensusSource(sib, i)],
+    return Scheduler(lanes_of(spec, n_lanes), spec.model, lambda sib, i, lane: [LookupSource()] + ([ConsensusSource(sib, i)] if sib else []),
                      Planner(spec._costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
 
 
@@ -120,7 +115,7 @@ def drive(sched: Scheduler, requests, check=lambda engine: None) -> None:
         if not sched.busy:
             break
         sched.step()
-        assert_lanes(sched.engine)
+        assert_engine_kv(sched.engine)
         check(sched.engine)
     assert all(r.done.is_set() for r in requests)
 
@@ -137,8 +132,6 @@ def test_samples_kv_invariant_every_step_and_equal_to_single_runs(smol_spec, ref
     sched = scheduler(smol_spec, 4)
     request = Request(prompt, make_config(max_tokens=48, temperature=0.8, seed=11, stop=["}"]), n=4)
     drive(sched, [request])
-    smol_spec.engine.adopt(sched.engine.release())
-    assert_kv_invariant(smol_spec)
     for i, result in enumerate(request.results):
         alone = smol_spec.generate(prompt, max_tokens=48, temperature=0.8, seed=11 + i, stop=["}"])
         assert_sampled_as_alone(reference(SMOL), prompt, result.tokens, alone.tokens,
@@ -176,16 +169,13 @@ def test_lanes_draft_with_every_text_source(make_spec, reference, tmp_path):
     alone = [spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts[:3]]  # the cache learns these
     learned = len(NgramCache.load(path))
     spec.reset()
-    engine = BatchEngine(spec.ctx, 3)
-    engine.adopt(0, spec.ctx.tokens)
-    sched = Scheduler(engine, spec.model, spec._sources_for(spec._loaded), Planner(spec._costs, frozenset({"lookahead"})),
-                      spec.ctx.n_ctx, spec.ctx.n_ctx)
+    sched = Scheduler(lanes_of(spec, 3), spec.model, spec._sources_for(spec._loaded),
+                      Planner(spec._costs, frozenset({"lookahead"})), spec.ctx.n_ctx, spec.ctx.n_ctx)
     requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
     drive(sched, requests)
     sources = sum_sources([r.results[0].stats for r in requests])
     assert sources["cache"].accepted > 0 and sources["lookahead"].drafted > 0, sources
     assert len(NgramCache.load(path)) > learned  # the fourth prompt's text
-    spec.engine.adopt(sched.engine.release())
     alone.append(spec.generate(prompts[3], max_tokens=40, temperature=0).tokens)
     for p, r, expected in zip(prompts, requests, alone):
         assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected)
@@ -197,15 +187,6 @@ def smol_q8(smol, tmp_path_factory):
     path = tmp_path_factory.mktemp("draft") / "smol.Q8_0.gguf"
     quantize(Path(smol), path, "Q8_0", THREADS)
     return path
-
-
-def assert_drafts(spec, engine: BatchEngine) -> None:
-    """Each lane's draft sequence holds a prefix of its text but the pending token, and its cells."""
-    for ln in engine.lanes:
-        seq = spec._loaded.drafts.sequence(ln.home)
-        assert seq.pos_max() == len(seq.tokens) - 1, f"draft sequence {ln.home}"
-        if ln.state == "decoding":
-            assert seq.tokens == ln.tokens[:len(seq.tokens)] and len(seq.tokens) < len(ln.tokens)
 
 
 def test_samples_with_a_draft_model(model_file, pool, smol_q8, reference):
@@ -220,14 +201,13 @@ def test_samples_with_a_draft_model(model_file, pool, smol_q8, reference):
     try:
         prompts = [spec.tokenize(p) for p in PROMPTS]
         alone = [spec.generate(p, max_tokens=32, temperature=0).tokens for p in prompts]
-        engine = BatchEngine(spec.ctx, 3)
-        engine.adopt(0, spec.ctx.tokens)
-        sched = Scheduler(engine, spec.model, spec._sources_for(spec._loaded), spec._planner(spec._costs),
+        d = spec._draft_ctx
+        drafts = Context(d.model, d.n_ctx * 3, d.threads, d.n_batch, 3)
+        loaded = replace(spec._loaded, drafts=DraftSequences(drafts))
+        sched = Scheduler(lanes_of(spec, 3), spec.model, spec._sources_for(loaded), spec._planner(spec._costs),
                           spec.ctx.n_ctx, spec.ctx.n_ctx)
         requests = [Request(p, make_config(max_tokens=32, temperature=0)) for p in prompts]
-        drive(sched, requests, lambda engine: assert_drafts(spec, engine))
-        spec.engine.adopt(sched.engine.release())
-        assert_kv_invariant(spec)
+        drive(sched, requests)
         for i, (p, r, expected) in enumerate(zip(prompts, requests, alone)):
             assert r.results[0].stats.sources["draft"].drafted > 0
             assert_as_alone(reference(SMOL), p, r.results[0].tokens, expected, f"greedy lane {i}")

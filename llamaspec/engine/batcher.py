@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Sequence, Union
 from ..llama.binding import Context
 from ..errors import LlamaspecError
 from .generation import make_config
-from .lanes import check_prompt
+from .engine import check_prompt
 from .scheduler import Request, RequestStream, Scheduler
 
 Prompt = Union[str, Sequence[int]]

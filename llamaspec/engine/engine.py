@@ -1,43 +1,76 @@
-"""The verify loop: one llama_decode of the target per step, one place that rolls caches back.
+"""The verify loop: every step, one llama_decode carries every live lane's rows; one place rolls
+caches back. One text is a lane of its own; several (the samples of one prompt, the requests a
+server decodes together) are several lanes of one decode.
 
-State between steps: ``tokens`` is the text. Its last token is *pending*: it was just chosen
-and no cache holds it yet. The target's sequence 0 holds exactly ``tokens[:-1]`` and no other
-sequence holds anything; a draft model's cache holds a prefix of ``tokens[:-1]``.
+A lane is one text on its own KV-cache sequence, its *home* (lane i: sequence i). Between
+steps a decoding lane's home holds exactly ``tokens[:-1]`` (its last token is pending), a lane
+reading its prompt holds the part read so far, and the scratch sequences (numbered from the
+lane count up) hold nothing; a lane's draft model, on sequence i of its own context, holds a
+prefix of ``tokens[:-1]``. One step::
 
-The prompt is evaluated whole, in batches of n_batch, as llama.cpp's programs do, and the
-first token comes from its last row. Then one step::
+    a lane reading its prompt adds the next chunk of it
+    for each decoding lane, in turn:
+        plan = its speculator's plan, its rows costing what they add to the rows before them
+    target.decode(every lane's rows)                       # ONE llama_decode
+    for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
+    empty the scratch sequences, trim every home and its  # Engine._trim, the only place
+        sources' caches
 
-    plan = speculator.plan(tokens)                 # the sources' candidates, merged into a trie
-    target.decode([tokens[-1], trie rows.., rider rows..])    # ONE llama_decode
-    walk the trie: at each node the target's own choice (greedy: argmax; sampling: exact
-        speculative sampling), down the child holding it; the accepted path, then one token
-        of the target's (the correction, or the bonus token after a whole path)
-    keep the accepted path's cells in sequence 0, drop every other sequence
-    roll every cache back to tokens[:-1]           # Engine._rewind, the only place that trims
-    speculator.learn(outcome)                      # one outcome, everyone learns
+Three lanes in one batch: lane 0 verifies the trie ``I ─ a ─ b`` with the branch ``└ c`` (on
+scratch sequence 3), lane 1 decodes its pending token ``J`` plainly, lane 2 reads the last
+three tokens of its prompt (``n``, ``m``, ``k``: the positions of the pending tokens and of the
+chunk's first token)::
 
-A linear draft is a one-branch trie; a plan with no candidate is a plain step.
+    row      0    1    2    3    4    5    6    7
+    lane     2    2    2    0    0    0    0    1
+    token    p    q    r    I    a    b    c    J
+    pos      k    k+1  k+2  n    n+1  n+2  n+1  m
+    seq 0    .    .    .    x    x    x    .    .
+    seq 1    .    .    .    .    .    .    .    x
+    seq 2    x    x    x    .    .    .    .    .
+    seq 3    .    .    .    x    .    .    x    .
+    logits   .    .    x    x    x    x    x    x
+
+A lane's plan may carry lookahead's window (a rider): its rows follow the lane's trie rows, on
+scratch sequences after the branches', when the lanes planned before left enough of them free;
+otherwise the window waits for a later step.
+
+The samples of one prompt form a group: its first lane reads the prompt, then every other
+lane's home shares those cells (seq_cp adds a sequence id to a cell; nothing is copied) and
+each lane draws its first token from the same last row with its own random stream.
+
+Each lane's step, in the paper's terms: the sources' candidates merged into a trie (a linear
+draft is a one-branch trie, no candidate a plain step) are verified by walking the trie: at
+each node the target's own choice (greedy: argmax; sampling: exact speculative sampling), down
+the child holding it; the accepted path, then one token of the target's (the correction, or
+the bonus token after a whole path).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..llama.binding import Context
-from .acceptance import walk_greedy, walk_sampled
-from ..sources.base import Outcome
 from ..config import SamplingConfig
-from ..errors import PromptError
-from ..sequences import common_prefix
+from ..errors import DecodeError, PromptError
+from ..llama.binding import Context
 from ..planning.costs import CostModel
-from ..planning.planner import Limits
-from ..sampling import Uniforms, sample_at, transform
+from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
-from ..planning.trie import Trie
+from ..planning.trie import Layout, Trie
+from ..sampling import Uniforms, sample_at, transform
+from ..sequences import common_prefix
+from ..sources.base import Outcome
+from .acceptance import walk_greedy, walk_sampled
+
+# Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
+# delays them by a fraction of a second, not by its whole evaluation).
+PREFILL_CHUNK = 64
+
+Uniform = Callable[[int], float]
 
 
 @dataclass(frozen=True)
@@ -64,136 +97,258 @@ class Step:
         return len(self.tokens) - 1
 
 
+def check_prompt(n_prompt: int, limit: int) -> None:
+    """PromptError unless a prompt of ``n_prompt`` tokens leaves room to generate on a lane of ``limit``."""
+    if n_prompt >= limit:
+        raise PromptError(f"the prompt has {n_prompt} tokens but the context holds {limit} per sequence; "
+                          f"raise the context size (-c) or shorten the prompt")
+
+
+@dataclass(eq=False)
+class Lane:
+    """One text. ``cached``: what its home sequence holds; ``limit``: the positions it may use;
+    ``left``: tokens it may still emit. ``state``: "idle", "prompt" (reading its prompt),
+    "waiting" (a group's other lane, until the first has read the prompt), "decoding"."""
+
+    home: int
+    cached: List[int] = field(default_factory=list)
+    tokens: List[int] = field(default_factory=list)
+    state: str = "idle"
+    group: List[int] = field(default_factory=list)  # the lanes that share this lane's prompt (the first reads it)
+    speculator: Optional[Speculator] = None
+    sampling: SamplingConfig = SamplingConfig()
+    rng: Optional[np.random.Generator] = None
+    uniform: Optional[Uniform] = None
+    left: int = 0
+    limit: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state == "decoding" and self.left > 0 and len(self.tokens) <= self.limit
+
+
+@dataclass(eq=False)
+class Laid:
+    """A decoding lane's part of one decode: its plan, the trie's layout, the KV-cache sequences
+    its rows use (its home first), its batch rows, where its output rows start and how many are
+    the pending token's and the trie's (``n_trie``) and the window's (``n_rider``)."""
+
+    lane: Lane
+    plan: Plan
+    layout: Layout
+    seqs: List[int]
+    rows: List[Tuple[int, int, Tuple[int, ...], bool]]
+    out: int
+    n_trie: int
+    n_rider: int
+    t_plan: float = 0.0
+
+
 class Engine:
-    """A target context and a speculator, driven step by step."""
+    """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch."""
 
-    def __init__(self, target: Context, speculator: Speculator, max_leaves: int = 8) -> None:
+    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES) -> None:
+        if n_lanes > target.n_seq_max:
+            raise DecodeError(f"{n_lanes} lanes need {n_lanes} KV-cache sequences, the context has {target.n_seq_max}")
         self.target = target
-        self.speculator = speculator
+        self.lanes = [Lane(i) for i in range(n_lanes)]
+        self.scratch = list(range(n_lanes, target.n_seq_max))
         self.max_leaves = max_leaves
-        self.tokens: List[int] = []
-        self._first: Optional[np.ndarray] = None  # the prompt's last row, until the first token is chosen
+        self._turn = 0  # which lane plans first (turns rotate, so no lane always gets the rows left over)
 
-    def contexts(self) -> List[Context]:
-        return [self.target, *self.speculator.contexts()]
+    def vacate(self, keep: Optional[int] = None) -> None:
+        """Empty every idle lane but lane ``keep``: its home and its sources' caches (a context
+        that decodes one request at a time gives the next one every cell)."""
+        for ln in self.lanes:
+            if ln.home != keep and ln.state == "idle":
+                self.target.seq_rm(ln.home, -1, -1)
+                for ctx in ln.speculator.contexts() if ln.speculator is not None else ():
+                    ctx.truncate(0)
+                ln.cached, ln.tokens, ln.speculator = [], [], None
 
-    def prefill(self, prompt: Sequence[int]) -> int:
-        """Evaluate the whole prompt, reusing whatever prefix the target's cache holds; return
-        how many tokens were evaluated. The first step chooses the first token from the last row."""
-        if not prompt:
-            raise PromptError("the prompt is empty")
-        n_ctx = min(ctx.n_ctx for ctx in self.contexts())
-        if len(prompt) >= n_ctx:
-            raise PromptError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; "
-                              f"raise the context size (-c) or shorten the prompt")
-        if self.tokens and common_prefix(self.tokens, prompt) < len(self.tokens) - 1:
-            self.speculator.new_text()
-        self._first = None
-        self.tokens = list(prompt)
-        self._rewind(len(self.tokens))  # every cache: a prefix of the prompt but its last token
-        keep = len(self.target.tokens)
-        try:
-            self.target.eval(self.tokens[keep:], logits="last")
-            self._first = self.target.logits_ith(-1).copy()
-        except BaseException:
-            self._rewind(len(self.tokens))
-            raise
+    def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
+              sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
+              limit: int) -> int:
+        """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
+        prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
+        positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms)."""
+        check_prompt(len(prompt), limit)
+        first = self.lanes[lanes[0]]
+        keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
+        for i, index in enumerate(lanes):
+            lane = self.lanes[index]
+            if lane.state != "idle":
+                raise DecodeError(f"lane {index} is busy")
+            lane.cached = lane.cached[:keep] if i == 0 else []
+            self.target.seq_rm(lane.home, len(lane.cached), -1)
+            lane.tokens = list(prompt)
+            lane.state = "prompt" if i == 0 else "waiting"
+            lane.group = list(lanes)
+            lane.speculator = speculators[i]
+            lane.sampling = sampling
+            lane.rng, lane.uniform = seeds[i]
+            lane.left, lane.limit = max_new, limit
         return len(prompt) - keep
 
-    def steps(self, sampling: SamplingConfig, rng: np.random.Generator, max_new: int,
-              uniforms: Optional[Uniforms] = None) -> Iterator[Step]:
-        """Yield a Step after each target decode (the first: the prompt's).
+    def stop(self, lane: int, keep: Optional[int] = None) -> None:
+        """Lane ``lane`` leaves the batch, its text cut to ``keep`` tokens (its home keeps what it
+        holds of them, for a later prompt that starts alike)."""
+        ln = self.lanes[lane]
+        if keep is not None:
+            del ln.tokens[keep:]
+        if ln.state in ("prompt", "waiting"):
+            for other in ln.group:  # a group whose prompt is not read stops together
+                self.lanes[other].state = "idle"
+        ln.state = "idle"
+        self._trim([ln])
 
-        With sampling, ``uniforms`` gives the number each position's token is drawn with (by
-        default numbers of ``rng``); ``rng`` decides speculative acceptance tests.
-        Stops by itself only when the context is full or ``max_new`` tokens were emitted; the
-        caller stops it earlier by closing the generator (the caches stay consistent).
-        """
-        uniform = uniforms or (lambda position: float(rng.random()))
-        n_ctx = self.target.n_ctx
-        emitted = 0
+    def step(self) -> List[Tuple[int, Step]]:
+        """One decode for every lane with work; returns (lane, Step) for each lane that emitted
+        tokens (the lanes of a group whose prompt was just read each emit their first)."""
+        target = self.target
+        rows: List[Tuple[int, int, Tuple[int, ...], bool]] = []
+        n_out = 0
+        live = [ln for ln in self.lanes if ln.live]
+        reading = [ln for ln in self.lanes if ln.state == "prompt"]
+        committed = len(live)  # every live lane's pending token
+        free = list(self.scratch)
+        used: List[int] = []
+        emitted: List[Tuple[int, Step]] = []
+        touched = live + reading
         try:
-            if self._first is not None and max_new > 0:
-                # the cache holds the whole prompt: the first token comes from its last row
-                row, self._first = self._first, None
-                first = int(row.argmax()) if sampling.greedy else sample_at(transform(row, sampling),
-                                                                                uniform(len(self.tokens)))
-                self.tokens.append(first)
-                emitted = 1
-                yield Step([first])
-            while emitted < max_new and len(self.tokens) <= n_ctx:
-                step = self._step(sampling, rng, max_new - emitted, uniform)
-                emitted += len(step.tokens)
-                yield step
+            chunks = []
+            for ln in reading:
+                room = target.n_batch - committed
+                take = min(len(ln.tokens) - len(ln.cached), room if not live else min(room, PREFILL_CHUNK))
+                if take <= 0:
+                    continue
+                start = len(ln.cached)
+                last = start + take == len(ln.tokens)
+                for i, token in enumerate(ln.tokens[start:start + take]):
+                    rows.append((token, start + i, (ln.home,), last and i == take - 1))
+                chunks.append((ln, take, n_out if last else -1))
+                n_out += last
+                committed += take
+            laid: List[Laid] = []
+            order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
+            self._turn += 1
+            for ln in order:
+                t0 = time.perf_counter()
+                room = ln.limit - len(ln.tokens)
+                limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
+                                room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
+                plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
+                mine = self._lay_out(ln, plan, free, n_out)
+                mine.t_plan = time.perf_counter() - t0
+                used += mine.seqs[1:]
+                rows += mine.rows
+                laid.append(mine)
+                n_out += mine.n_trie + mine.n_rider
+                committed += len(mine.rows) - 1
+            if not rows:
+                return []
+            busy = target.t_llama
+            target.decode_rows(rows)
+            # a batch's rows attend to their own lane's text: priced behind the longest
+            length = max(len(d.lane.tokens) for d in laid) if laid else None
+            costs = laid[0].lane.speculator.costs if laid else None
+            if costs is not None:
+                costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
+            logits = target.logits(n_out)
+            for ln, take, row in chunks:
+                ln.cached += ln.tokens[len(ln.cached):len(ln.cached) + take]
+                if row >= 0:
+                    emitted += self._first_tokens(ln, logits[row])
+            for d in laid:
+                window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
+                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None
+                emitted.append((d.lane.home, self._settle(d, logits[d.out:], rider_tokens)))
         finally:
-            self._first = None  # unused, the prompt's last token is pending again
-            self._rewind(len(self.tokens))
+            for s in used:
+                target.seq_rm(s, -1, -1)
+            self._trim(touched)
+        return emitted
 
-    def _step(self, sampling: SamplingConfig, rng: np.random.Generator, left: int,
-              uniform: Callable[[int], float]) -> Step:
-        t0 = time.perf_counter()
-        n = len(self.tokens)
-        room = self.target.n_ctx - n
-        limits = Limits(max_depth=min(left - 1, room), max_rows=min(self.target.n_batch, room + 1),
-                        room=room, max_leaves=self.max_leaves)
-        plan = self.speculator.plan(self.tokens, limits, sampling, rng)
-        t_plan = time.perf_counter() - t0
-        path, token, rider_tokens = self._verify(plan, sampling, rng, lambda depth: uniform(n + depth))
-        accepted = [plan.trie.token[v] for v in path]
-        self.tokens += accepted + [token]
-        self._rewind(len(self.tokens))
-        outcome, step = settle(plan, path, token, rider_tokens, self.tokens, t_plan, plan.choice.cost)
-        self.speculator.learn(outcome)
+    def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "Laid":
+        """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``
+        scratch sequences are left (those it takes are removed), its window; its output rows
+        start at ``out``."""
+        n = len(ln.tokens)
+        layout = plan.trie.layout()
+        local = list(layout.rows)
+        n_seqs = layout.n_seqs
+        n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
+        n_rider = 0
+        rider = plan.rider
+        if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
+            rider = None  # the lanes before took the scratch sequences: the window waits
+        if rider is not None:  # its columns: sequences after the branches'
+            local += rider.after(n_seqs)
+            n_seqs += rider.n_seqs
+            n_rider = sum(1 for row in rider.rows if row[3])
+        seqs = [ln.home] + free[:n_seqs - 1]
+        del free[:n_seqs - 1]
+        for s in seqs[1:]:
+            self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
+        rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
+        rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
+        return Laid(ln, plan, layout, seqs, rows, out, n_trie, n_rider)
+
+    def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
+        """The group's prompt is read: every lane of it shares the cells and draws its first token."""
+        out = []
+        n = len(first.tokens)
+        for index in first.group:
+            ln = self.lanes[index]
+            if ln is not first:
+                if ln.state != "waiting":
+                    continue
+                self.target.seq_rm(ln.home, -1, -1)
+                self.target.seq_cp(first.home, ln.home, -1, -1)
+                ln.cached = list(first.cached)
+            if ln.left <= 0:
+                ln.state = "decoding"
+                continue
+            token = int(row.argmax()) if ln.sampling.greedy else sample_at(transform(row, ln.sampling), ln.uniform(n))
+            ln.tokens.append(token)
+            ln.left -= 1
+            ln.state = "decoding"
+            out.append((ln.home, Step([token])))
+        return out
+
+    def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]]) -> Step:
+        """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
+        from the target's greedy tokens at its rows, when it rode)."""
+        ln, plan, seqs = d.lane, d.plan, d.seqs
+        n = len(ln.tokens)
+        trie = plan.trie
+        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth))
+        accepted = [trie.token[v] for v in path]
+        ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
+        if path:
+            keep = seqs[d.layout.seq[path[-1]]]
+            if keep != ln.home:
+                m = len(ln.cached)
+                self.target.seq_rm(ln.home, m, -1)
+                self.target.seq_cp(keep, ln.home, m, m + len(accepted))
+            ln.cached += accepted
+        ln.tokens += accepted + [token]
+        ln.left -= len(accepted) + 1
+        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, d.t_plan)
+        ln.speculator.learn(outcome)
         return step
 
-    def _verify(self, plan: Plan, sampling: SamplingConfig, rng: np.random.Generator,
-                uniform: Callable[[int], float]) -> Tuple[List[int], int, Optional[Tuple[int, ...]]]:
-        """One decode of the pending token, the trie and the rider; walk the trie. Returns
-        (accepted nodes, the target's next token, the target's greedy tokens at the rider's rows)."""
-        trie = plan.trie
-        layout = trie.layout()
-        rows = list(layout.rows)
-        n_seqs = layout.n_seqs
-        if plan.rider is not None:
-            rows += plan.rider.after(n_seqs)
-            n_seqs += plan.rider.n_seqs
-        busy = self.target.t_llama
-        n_out = self.target.eval_tree(self.tokens[-1], rows, n_seqs)
-        self.speculator.costs.observe(CostModel.TARGET, 1 + len(rows), self.target.t_llama - busy, len(self.tokens))
-        logits = self.target.logits(n_out)
-        path, token = walk(trie, logits, sampling, rng, uniform)
-        rider_tokens = None
-        if plan.rider is not None:
-            rider_tokens = tuple(int(t) for t in logits[len(trie):n_out].argmax(axis=1))
-        self.target.keep_path(layout.seq[path[-1]] if path else 0, [trie.token[v] for v in path], n_seqs)
-        return path, token, rider_tokens
-
-    def adopt(self, tokens: Sequence[int]) -> None:
-        """Go on with ``tokens`` as the text: the target's sequence 0 holds a prefix of it (a
-        BatchEngine decoded on the context meanwhile); whatever else it holds is dropped."""
-        self._first = None
-        self.tokens = list(tokens)
-        self._rewind(len(self.tokens))
-
-    def rewind(self, n: int) -> None:
-        """Keep the first ``n`` tokens of the text (the n-th becomes the pending one)."""
-        del self.tokens[n:]
-        self._rewind(n)
-
-    def _rewind(self, n: int) -> None:
-        # Every cache must hold a prefix of tokens[:n - 1]; whatever lies past it is dropped here.
-        text = self.tokens[:max(n - 1, 0)]
-        for ctx in self.contexts():
-            ctx.truncate(common_prefix(ctx.tokens, text))
-
-    def restart(self, speculator: Speculator) -> None:
-        """Empty every cache and go on with ``speculator`` (fresh sources)."""
-        self.rewind(0)
-        self.speculator = speculator
-        self.rewind(0)
-
-    def finish(self) -> None:
-        self.speculator.finish(self.tokens)
+    def _trim(self, lanes: Sequence[Lane]) -> None:
+        # A lane's home, and its sources' caches (a draft model's sequence), must hold a prefix of
+        # its text before the pending token; whatever lies past that is dropped here (rejected
+        # rows, draft tokens, a decode that failed, a cut text).
+        for ln in lanes:
+            text = ln.tokens[:max(len(ln.tokens) - 1, 0)]
+            keep = common_prefix(ln.cached, text)
+            del ln.cached[keep:]
+            self.target.seq_rm(ln.home, keep, -1)
+            for ctx in ln.speculator.contexts() if ln.speculator is not None else ():
+                ctx.truncate(common_prefix(ctx.tokens, text))
 
 
 def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
@@ -206,14 +361,15 @@ def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.rando
 
 
 def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[Tuple[int, ...]],
-           tokens: Sequence[int], t_plan: float, cost: float) -> Tuple[Outcome, Step]:
+           tokens: Sequence[int], t_plan: float) -> Tuple[Outcome, Step]:
     """What a verified step showed (for learning) and what it emitted (for the caller).
-    ``tokens``: the text after the step; ``cost``: the step's cost, in single-token decodes."""
+    ``tokens``: the text after the step; its cost is the plan's: what its rows (and drafting)
+    add to the decode, in single-token decodes."""
     trie, candidates = plan.trie, plan.candidates
     accepted = [trie.token[v] for v in path]
     path_sources = tuple(trie.sources(v, candidates) for v in path)
-    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens, cost,
-                      plan.choice.estimated)
+    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens,
+                      plan.choice.cost, plan.choice.estimated)
     drafted: Dict[str, int] = {}
     for v in range(1, len(trie)):
         for name in trie.sources(v, candidates):

@@ -1,23 +1,21 @@
-"""One generation: text out of an engine's steps, stops, statistics, and the stream a caller reads.
+"""One generation's text out of the engine's steps: stops, statistics, chunks and the result.
 
 A stop (the end of generation, a stop string) inside a step keeps the tokens before it and cuts
-the rest, in the text, the caches and the statistics. Every step gives one chunk, its text empty
-while a partial stop string is held back, so the chunks' tokens add up to the result's.
+the rest, in the text, the caches and the statistics (the scheduler cuts them). Every step gives
+one chunk, its text empty while a partial stop string is held back, so the chunks' tokens add
+up to the result's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import ContextManager, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
+from typing import FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from ..config import GenerationConfig, SamplingConfig
-from .engine import Engine, Step
-from ..errors import LlamaspecError, StreamClosedError
-from ..sampling import Uniforms
+from .engine import Step
 from .stats import Stats
 from .text import TextStream
 
@@ -56,76 +54,6 @@ class Vocabulary(Protocol):
     def eog_tokens(self) -> FrozenSet[int]: ...
 
     def piece(self, token: int) -> bytes: ...
-
-
-class Stream:
-    """The chunks of one generation, as they come. ``close()`` ends it early and leaves the
-    caches consistent; ``result`` is its Result once it ended, finished or not (closed early:
-    stop reason "interrupted"). Each read holds ``lock``, so a stream can be read from any
-    thread while other calls on its LlamaSpec wait; a stream closed because another
-    generation started (``reason``) raises StreamClosedError when read again."""
-
-    def __init__(self, engine: Engine, vocab: Vocabulary, prompt: List[int], config: GenerationConfig,
-                 strategy: str = "plain", lock: Optional[ContextManager] = None, dropped_turns: int = 0) -> None:
-        self.result: Optional[Result] = None
-        self._lock = lock if lock is not None else contextlib.nullcontext()
-        self._closed: Optional[str] = None
-        self._chunks = self._run(engine, vocab, prompt, config, strategy, dropped_turns)
-
-    def __iter__(self) -> "Stream":
-        return self
-
-    def __next__(self) -> Chunk:
-        with self._lock:
-            if self._closed:
-                raise StreamClosedError(self._closed)
-            return next(self._chunks)
-
-    def close(self, reason: str = "") -> None:
-        """End the generation now (its result: what was generated so far). With ``reason``,
-        reading on raises StreamClosedError(reason) instead of stopping quietly."""
-        with self._lock:
-            self._chunks.close()
-            if reason and (self.result is None or self.result.stop_reason == "interrupted"):
-                self._closed = reason
-
-    @property
-    def done(self) -> bool:
-        return self.result is not None
-
-    def _run(self, engine: Engine, vocab: Vocabulary, prompt: List[int], config: GenerationConfig,
-             strategy: str, dropped_turns: int) -> Iterator[Chunk]:
-        stats = Stats(strategy=strategy)
-        t0 = time.perf_counter()
-        stats.n_prompt_eval = engine.prefill(prompt)
-        stats.n_prompt, stats.t_prompt = len(prompt), time.perf_counter() - t0
-        seed = seed_of(config.sampling)
-        stats.seed = None if config.sampling.greedy else seed
-        rng = np.random.default_rng(seed)
-        collector = Collector(vocab, config, stats)
-        max_new = config.max_tokens if config.max_tokens >= 0 else engine.target.n_ctx
-        contexts = engine.contexts()
-        busy0 = sum(c.t_llama for c in contexts)
-        steps = engine.steps(config.sampling, rng, max_new, Uniforms(seed))
-        try:
-            for step in steps:
-                chunk, kept = collector.take(step)
-                if kept < len(step.tokens):  # drop what the step accepted past the stop
-                    engine.rewind(len(engine.tokens) - len(step.tokens) + kept)
-                yield chunk
-                if collector.stop_reason == "stop":
-                    break
-            else:
-                collector.stop_reason = "context" if len(engine.tokens) > engine.target.n_ctx else "length"
-        finally:
-            steps.close()
-            stats.t_llama = sum(c.t_llama for c in contexts) - busy0
-            self.result = collector.result(dropped_turns)
-            try:
-                engine.finish()
-            except LlamaspecError as e:  # the text is complete: report, do not lose it
-                self.result.warnings.append(str(e))
-        yield collector.tail()
 
 
 class Collector:

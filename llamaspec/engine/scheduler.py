@@ -1,14 +1,19 @@
-"""Requests decoded together: each request is a prompt and n samples, on lanes of one BatchEngine.
+"""Requests on the lanes of one Engine: each request is a prompt and n samples (one text: n = 1).
 
     request = Request(prompt, config, n)
     scheduler.submit(request)          # waits (first come, first served) for n idle lanes
-    scheduler.step()                   # admit what fits, one BatchEngine step, route the chunks
+    scheduler.step()                   # admit what fits, one Engine step, route the chunks
     request.events                     # (sample index, Chunk) as they come; each sample's last
                                        # chunk carries its Result
 
 Any thread may submit and cancel; one thread steps. A request joins at the next step and
 leaves as soon as its last sample stops, so the others never wait for it. Its samples share
-their prompt (read once) and draft from each other (``consensus.py``).
+their prompt (read once) and draft from each other (``consensus.py``). Here, and only here, a
+text stops: at the end of generation, a stop string, ``max_tokens`` or the context's edge.
+
+A LlamaSpec decodes one request at a time (``exclusive``): a request may use every cell of the
+context, the lanes it leaves are emptied for the next, and one text's speculator (its sources'
+memory of the text) goes on with the next text on its lane, as the next turn of a chat.
 """
 
 from __future__ import annotations
@@ -29,15 +34,15 @@ from ..config import GenerationConfig
 from ..sources.consensus import Siblings
 from ..errors import ConfigError, LlamaspecError, StreamClosedError
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
-from .lanes import BatchEngine
+from .engine import Engine
 from ..planning.planner import Planner
 from ..sampling import Uniforms
 from ..planning.speculator import Speculator
 from ..sequences import common_prefix
 from .stats import SourceStats, Stats, sum_sources
 
-# The sources of sample i of a request on lane l: (its group's siblings, i, l) -> sources.
-SourceFactory = Callable[[Siblings, int, int], List[Source]]
+# The sources of sample i of a request on lane l: (its group's siblings, None for a text alone, i, l) -> sources.
+SourceFactory = Callable[[Optional[Siblings], int, int], List[Source]]
 
 
 class Request:
@@ -52,6 +57,7 @@ class Request:
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.cancelled = False
+        self.lanes: List[int] = []  # the lanes its samples run on, once admitted
 
 
 class RequestStream:
@@ -128,6 +134,42 @@ class RequestStream:
             self._end()
 
 
+class Stream:
+    """The chunks of one generation (a request of one sample), as they come. ``close()`` ends it
+    early and leaves the caches consistent; ``result`` is its Result once it ended, finished or
+    not (closed early: stop reason "interrupted"). A stream closed because another generation
+    started (``reason``) raises StreamClosedError when read again. ``dropped_turns``: the chat
+    turns left out of its prompt, reported in its result."""
+
+    def __init__(self, requests: RequestStream, dropped_turns: int = 0) -> None:
+        self._requests, self._dropped = requests, dropped_turns
+        self.result: Optional[Result] = None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Chunk:
+        _, chunk = next(self._requests)
+        if chunk.result is not None:
+            self._take(chunk.result)
+        return chunk
+
+    def close(self, reason: str = "") -> None:
+        """End the generation now (its result: what was generated so far). With ``reason``,
+        reading on raises StreamClosedError(reason) instead of stopping quietly."""
+        self._requests.close(reason)
+        if self.result is None and self._requests.results:
+            self._take(self._requests.results[0])
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def _take(self, result: Result) -> None:
+        result.dropped_turns = self._dropped
+        self.result = result
+
+
 def check_samples(n: int, config: GenerationConfig) -> None:
     """ConfigError unless ``n`` samples can be drawn with ``config``."""
     if n < 1:
@@ -143,20 +185,22 @@ class _Sample:
     index: int
     lane: int
     collector: Collector
-    sources: List[Source]
+    speculator: Speculator
     admitted: float  # perf_counter when the request joined
+    busy: float  # seconds the contexts had spent in llama_decode by then
 
 
 class Scheduler:
-    """Runs requests on a BatchEngine. ``limit``: the positions one lane may use; ``cells``:
-    the KV cells of the whole context (a request of n samples may use n lanes' share); ``model``:
-    the acceptance model every lane's speculator shares."""
+    """Runs requests on an Engine. ``limit``: the positions one lane may use; ``cells``: the KV
+    cells of the whole context (a request of n samples may use n lanes' share, or every cell when
+    ``exclusive``); ``model``: the acceptance model every lane's speculator shares."""
 
-    def __init__(self, engine: BatchEngine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
-                 cells: int, limit: int, model: Optional[AcceptanceModel] = None) -> None:
+    def __init__(self, engine: Engine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
+                 cells: int, limit: int, model: Optional[AcceptanceModel] = None, exclusive: bool = False) -> None:
         self.engine, self.vocab, self.sources, self.planner = engine, vocab, sources, planner
         self.model = model if model is not None else AcceptanceModel()  # shared: every sample teaches every other
-        self.cells, self.limit = cells, limit
+        self.cells, self.limit, self.exclusive = cells, limit, exclusive
+        self._kept: Optional[Tuple[int, Speculator]] = None  # (lane, speculator) of the last text alone
         self._inbox: "queue.SimpleQueue[Request]" = queue.SimpleQueue()
         self._waiting: Deque[Request] = deque()
         self._samples: Dict[int, _Sample] = {}  # lane -> sample on it
@@ -228,20 +272,20 @@ class Scheduler:
         if request.cancelled:
             self._cancel_waiting(request)
             return True
-        # the lane whose cache holds most of the prompt reads it
-        idle.sort(key=lambda ln: -common_prefix(ln.cached, request.prompt))
-        lanes = [ln.home for ln in idle[:request.n]]
+        # the lane whose cache holds most of the prompt reads it (on a tie, the last text alone's)
+        kept = self._kept[0] if self._kept is not None else None
+        idle.sort(key=lambda ln: (-common_prefix(ln.cached, request.prompt), ln.home != kept))
+        lanes = request.lanes = [ln.home for ln in idle[:request.n]]
         p = len(request.prompt)
-        share = self.cells * request.n // self.n_lanes
+        share = self.cells if self.exclusive else self.cells * request.n // self.n_lanes
         limit = min(self.limit, p + (share - p) // request.n)
-        siblings = Siblings(request.n, p)
+        siblings = Siblings(request.n, p) if request.n > 1 else None  # a text alone has none
         config = request.config
         seed = seed_of(config.sampling)
         max_new = config.max_tokens if config.max_tokens >= 0 else limit
         t0 = time.perf_counter()
         try:
-            speculators = [Speculator(self.sources(siblings, i, lane), self.model, self.planner, self.vocab.eog_tokens)
-                           for i, lane in enumerate(lanes)]
+            speculators = self._speculators(request, lanes, siblings)
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit)
         except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
@@ -251,9 +295,25 @@ class Scheduler:
         for i, lane in enumerate(lanes):
             stats = Stats(strategy=request.strategy, seed=None if config.sampling.greedy else seed + i,
                           n_prompt=p, n_prompt_eval=n_eval if i == 0 else 0)
-            self._samples[lane] = _Sample(request, i, lane, Collector(self.vocab, config, stats),
-                                          speculators[i].sources, t0)
+            self._samples[lane] = _Sample(request, i, lane, Collector(self.vocab, config, stats), speculators[i], t0,
+                                          self._busy(speculators[i]))
         return True
+
+    def _speculators(self, request: Request, lanes: Sequence[int], siblings: Optional[Siblings]) -> List[Speculator]:
+        """Each sample's speculator: fresh sources, the shared acceptance model and planner. One
+        text decoded alone (``exclusive``) goes on with the last such text's speculator on its
+        lane; a text that does not continue its lane's makes the evidence weigh less."""
+        first = self.engine.lanes[lanes[0]]
+        if self.exclusive and first.tokens and common_prefix(first.tokens, request.prompt) < len(first.tokens) - 1:
+            self.model.forget()
+        if self.exclusive and request.n == 1 and self._kept is not None and self._kept[0] == lanes[0]:
+            return [self._kept[1]]
+        return [Speculator(self.sources(siblings, i, lane), self.model, self.planner, self.vocab.eog_tokens)
+                for i, lane in enumerate(lanes)]
+
+    def _busy(self, speculator: Speculator) -> float:
+        """Seconds the target's and ``speculator``'s contexts have spent in llama_decode."""
+        return self.engine.target.t_llama + sum(c.t_llama for c in speculator.contexts())
 
     def close(self) -> None:
         """Stop every request, running or waiting (their results: stop reason "interrupted")."""
@@ -285,7 +345,8 @@ class Scheduler:
         if collector.stop_reason != "stop":
             collector.stop_reason = reason
         result = collector.result()
-        for source in sample.sources:
+        result.stats.t_llama = self._busy(sample.speculator) - sample.busy
+        for source in sample.speculator.sources:
             result.stats.sources.setdefault(source.name, SourceStats())  # every source is listed, verified or not
             try:
                 source.finish(self.engine.lanes[sample.lane].tokens)
@@ -293,8 +354,12 @@ class Scheduler:
                 result.warnings.append(str(e))
         request = sample.request
         request.results[sample.index] = result
+        if self.exclusive and request.n == 1:
+            self._kept = (sample.lane, sample.speculator)
         request.events.put((sample.index, collector.tail()))
         if all(r is not None for r in request.results):
+            if self.exclusive:  # the next request gets every cell but its first sample's text
+                self.engine.vacate(keep=request.lanes[0])
             request.done.set()
 
 

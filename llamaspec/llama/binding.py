@@ -215,7 +215,6 @@ class ModelPool:
 
 
 # One batch row of another sequence: (token, position offset, sequence ids, logits?).
-Row = Tuple[int, int, Sequence[int], bool]
 
 
 class Batch:
@@ -362,8 +361,9 @@ class Context:
     # --- KV cache -------------------------------------------------------------------
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens of sequence 0 and drop the rest from the cache, and
-        every other sequence whole (they only live within one :meth:`eval_tree` step; those no
-        decode or copy used since they were last emptied hold nothing and are skipped).
+        every other sequence whole (those no decode or copy used since they were last emptied
+        hold nothing and are skipped). For a context one text uses alone (a cost measurement, a
+        reference model); the engine's lanes keep their own bookkeeping.
 
         Removes positions >= n even when ``tokens`` says there are none: a Ctrl-C that lands
         between llama_decode's return and the update of ``tokens`` leaves a cell unrecorded.
@@ -374,47 +374,10 @@ class Context:
         self._touched = 1
         del self.tokens[n:]
 
-    def eval_tree(self, token: int, rows: Sequence[Row], n_seqs: int) -> int:
-        """One decode: ``token`` appended to sequence 0 and to every sequence in 1..n_seqs - 1
-        (logits on), then ``rows``, each ``(token, offset from token's position, sequence ids,
-        logits?)``. Every other sequence first shares sequence 0's cells (seq_cp adds a sequence
-        id to a cell, it copies nothing), so its rows see the whole text.
-        Returns how many output rows the decode produced (``token``'s is row 0).
-        """
-        if n_seqs > self.n_seq_max:
-            raise DecodeError(f"{n_seqs} sequences needed, the context has {self.n_seq_max}")
-        n = len(self.tokens)
-        for seq in range(1, n_seqs):
-            self.seq_cp(0, seq)
-        b = self.batch
-        b.clear()
-        b.add(token, n, range(n_seqs), True)
-        self._touched = max(self._touched, n_seqs)
-        for t, offset, ids, logits in rows:
-            b.add(t, n + offset, ids, logits)
-        try:
-            self.decode()
-        finally:
-            self.tokens.append(token)  # whatever happened, truncate() below can clean up
-        return 1 + sum(1 for row in rows if row[3])
-
-    def keep_path(self, seq: int, tokens: Sequence[int], n_seqs: int) -> None:
-        """After :meth:`eval_tree`: ``tokens``, the first rows of sequence ``seq`` after the
-        decoded token, become sequence 0's; every other sequence is emptied."""
-        n = len(self.tokens)
-        if seq != 0:
-            self.seq_rm(0, n, -1)
-            self.seq_cp(seq, 0, n, n + len(tokens))
-        self.tokens.extend(tokens)
-        self.seq_rm(0, len(self.tokens), -1)
-        for s in range(1, n_seqs):
-            self.seq_rm(s, -1, -1)
-        if self._touched <= n_seqs:
-            self._touched = 1
-
     def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
         """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
-        that keep several sequences' bookkeeping themselves (``tokens`` is not touched).
+        that keep the sequences' bookkeeping themselves (the engine's lanes; ``tokens`` is not
+        touched).
         Returns how many output rows the decode produced, in row order."""
         b = self.batch
         b.clear()

@@ -28,7 +28,8 @@ from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Candidate, Outcome
 from ..config import SamplingConfig
 from ..planning.costs import CostCurve, CostModel
-from ..sources.registry import Loaded, default_registry
+from ..sources.registry import Loaded
+from ..sources import default_registry
 from ..planning.planner import MAX_LEAVES, Limits, Planner
 from ..sequences import common_prefix
 from ..planning.speculator import Speculator

@@ -10,7 +10,8 @@ from ..llama.binding import ModelPool
 from ..api import LlamaSpec
 from ..config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError
-from ..sources.registry import Need, default_registry
+from ..sources.registry import Need
+from ..sources import default_registry
 
 _DRAFT, _LOOKUP, _LOOKAHEAD = DraftConfig(), LookupConfig(), LookaheadConfig()
 

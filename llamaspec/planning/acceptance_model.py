@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Dict, Hashable, Mapping, Optional, Set, Tuple
 
 from ..sources.base import Evidence, Outcome
-from ..sources.registry import default_registry
+from ..sources import default_registry
 
 WEIGHT = 2.0
 DECAY = 0.98

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..sources.base import Budget, Candidate, Rider
-from ..sources.registry import default_registry
+from ..sources import default_registry
 from .costs import N_MAX, CostModel
 from .trie import Trie
 

@@ -9,3 +9,14 @@
     draft_model.py  a small model with the target's vocabulary
     consensus.py    what sibling samples of the same prompt wrote
 """
+
+from . import consensus, draft_model, lookahead, lookup, ngram_cache
+from .registry import Registry
+
+
+def default_registry() -> Registry:
+    """The built-in sources, in the order their candidates are gathered."""
+    return Registry((lookup.PLUGIN, ngram_cache.PLUGIN, lookahead.PLUGIN, draft_model.PLUGIN, consensus.PLUGIN))
+
+
+__all__ = ["Registry", "default_registry"]

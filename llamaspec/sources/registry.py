@@ -1,8 +1,8 @@
 """Every draft source, as a plugin: what it is called, what it needs, how it is built, its
 evidence keys with their priors, what it shadows and whether it is expensive.
 
-A plugin is declared in its source's own module (``PLUGIN``) and listed once, in
-``BUILT_IN``; ``auto`` is every plugin whose needs are met. Adding a source is one module, one
+A plugin is declared in its source's own module (``PLUGIN``) and listed once, in the
+package's ``default_registry``; ``auto`` is every plugin whose needs are met. Adding a source is one module, one
 line here and its tests (or, for a source of one's own, ``default_registry().with_(plugin)``
 passed to ``LlamaSpec``). Sources are built for one generation (one text, or one lane of
 several) from two things::
@@ -177,10 +177,3 @@ class Registry:
 
     def expensive(self) -> FrozenSet[str]:
         return frozenset(p.name for p in self.plugins if p.expensive)
-
-
-def default_registry() -> Registry:
-    """The built-in sources: prompt lookup, n-gram caches, lookahead, a draft model, consensus."""
-    from . import consensus, draft_model, lookahead, lookup, ngram_cache
-    return Registry((lookup.PLUGIN, ngram_cache.PLUGIN, lookahead.PLUGIN, draft_model.PLUGIN, consensus.PLUGIN))
-
