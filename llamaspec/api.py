@@ -214,9 +214,7 @@ class LlamaSpec:
                 draft_ctx = Context(d.model, d.n_ctx * parallel, d.threads, d.n_batch, parallel)
                 contexts.append(draft_ctx)
                 loaded = replace(self._loaded, drafts=DraftSequences(draft_ctx))
-            # learns this batch's timings, not ours
-            planner = self._planner(CostModel(self._costs.curves[CostModel.TARGET],
-                                              {n: c for n, c in self._costs.curves.items() if n != CostModel.TARGET}))
+            planner = self._planner(self._costs.fresh())  # learns this batch's timings, not ours
             scheduler = Scheduler(Engine(ctx, parallel), self.model, self._sources_for(loaded), planner,
                                   n_ctx * parallel, n_ctx, self._acceptance_model())
             batcher = Batcher(scheduler, contexts, self._prompt_tokens, self.spec_name)

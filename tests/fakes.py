@@ -46,7 +46,6 @@ class FakeContext:
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.threads = 1
         self.sharp = sharp
-        self.tokens: List[int] = []
         self.t_llama = 0.0
         self._cells: List[Tuple[int, int, Set[int]]] = []
         self._out: np.ndarray = np.zeros((0, V), dtype=np.float32)
@@ -67,10 +66,6 @@ class FakeContext:
         assert sorted(row) == list(range(pos)), f"sequence {seq} lacks cells before {pos}"
         return [row[p] for p in range(pos)]
 
-    def truncate(self, n: int) -> None:
-        self._cells = [(p, t, {0}) for p, t, seqs in self._cells if 0 in seqs and p < n]
-        del self.tokens[n:]
-
     # --- decoding -----------------------------------------------------------------------
     def _decode(self, rows: List[Tuple[int, int, Sequence[int], bool]]) -> None:
         if len(rows) > self.n_batch or len(self._cells) + len(rows) > self.n_ctx:
@@ -84,15 +79,6 @@ class FakeContext:
             if logits:
                 out.append(logits_of(self._prefix(pos + 1, seqs[0]), self.sharp))
         self._out = np.array(out, dtype=np.float32).reshape(-1, V)
-
-    def eval(self, tokens: Sequence[int], logits: str = "none") -> None:
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = list(tokens[start:start + self.n_batch])
-            last = start + self.n_batch >= len(tokens)
-            n = len(self.tokens)
-            self._decode([(t, n + i, (0,), logits == "all" or (logits == "last" and last and i == len(chunk) - 1))
-                          for i, t in enumerate(chunk)])
-            self.tokens.extend(chunk)
 
     # --- sequences (engine.py) ------------------------------------------------------------
     def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:

@@ -5,8 +5,7 @@ import pytest
 
 from llamaspec.sources.base import Candidate, Rider
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
-from llamaspec.planning import planner
-from llamaspec.planning.planner import Limits, Planner
+from llamaspec.planning.planner import Limits, Planner, _nodes as plan_nodes
 from llamaspec.sources import default_registry
 from llamaspec.sampling import Distribution
 
@@ -16,7 +15,7 @@ GPU = CostCurve([1.0] * 32, 30.0, 2, "gpu")  # verifying n tokens costs what one
 
 def _nodes(candidates, rates):
     """The planning trie, with the built-in sources' shadowing."""
-    return planner._nodes(candidates, rates, default_registry().shadowed())
+    return plan_nodes(candidates, rates, default_registry().shadowed())
 
 
 def curve(xs, ys, ms=30.0):

@@ -61,7 +61,7 @@ from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout, Trie
-from ..sampling import Uniforms, sample_at, transform
+from ..sampling import sample_at, transform
 from ..sequences import common_prefix
 from ..sources.base import Outcome
 from .acceptance import walk_greedy, walk_sampled

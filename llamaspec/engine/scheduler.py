@@ -67,15 +67,14 @@ class RequestStream:
 
     Either this reader makes progress itself (``step``: one scheduler step, under ``lock``, when
     no event waits) or a thread that steps the scheduler does (``step`` None: reading waits for
-    it). ``end`` runs once, when the request is over."""
+    it)."""
 
     WAIT = 60.0  # seconds close() waits for a stepping thread to drop the request
 
     def __init__(self, request: Request, cancel: Callable[[Request], None],
-                 step: Optional[Callable[[], None]] = None, end: Callable[[], None] = lambda: None,
-                 lock: Optional[ContextManager] = None) -> None:
+                 step: Optional[Callable[[], None]] = None, lock: Optional[ContextManager] = None) -> None:
         self.request = request
-        self._cancel, self._step, self._end = cancel, step, end
+        self._cancel, self._step = cancel, step
         self._lock = lock if lock is not None else contextlib.nullcontext()
         self._left = request.n  # samples whose last chunk has not been read
         self._ended = False
@@ -89,7 +88,7 @@ class RequestStream:
             if self._closed:
                 raise StreamClosedError(self._closed)
             if self._left == 0:
-                self._finish()
+                self._ended = True
                 if self.request.error is not None:
                     raise self.request.error
                 raise StopIteration
@@ -97,8 +96,7 @@ class RequestStream:
                 while self._step is not None and self.request.events.empty():
                     self._step()
             except BaseException:  # every sample of this request has ended with it
-                self._left = 0
-                self._finish()
+                self._left, self._ended = 0, True
                 raise
             index, chunk = self.request.events.get()
             if chunk.result is not None:
@@ -111,7 +109,7 @@ class RequestStream:
 
     @property
     def done(self) -> bool:
-        """The request is over and its lanes are handed back."""
+        """The request is over and read to its end (or closed)."""
         return self._ended
 
     def close(self, reason: str = "") -> None:
@@ -126,12 +124,7 @@ class RequestStream:
                     self.request.done.wait(self.WAIT)
                 if reason:
                     self._closed = reason
-            self._finish()
-
-    def _finish(self) -> None:
-        if not self._ended:
             self._ended = True
-            self._end()
 
 
 class Stream:

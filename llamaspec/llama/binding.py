@@ -458,9 +458,6 @@ class KVSequence:
     def pos_max(self) -> int:
         return self.ctx.pos_max(self.seq)
 
-    def close(self) -> None:
-        """The context is its owner's to close."""
-
 
 def system_info() -> str:
     _ensure_backend()

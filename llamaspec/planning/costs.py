@@ -129,9 +129,10 @@ class CostModel:
         self._verify_at: Optional[int] = None
         self._observed = 0
 
-    def has(self, name: str) -> bool:
-        """Whether there is a cost curve for the expensive source ``name``."""
-        return name in self.curves
+    def fresh(self) -> "CostModel":
+        """The same measured curves, none of this model's refinement (for a batch of its own,
+        which learns its own timings)."""
+        return CostModel(self.curves[self.TARGET], {n: c for n, c in self.curves.items() if n != self.TARGET})
 
     def _step(self, length: Optional[int]) -> Optional[int]:
         return None if length is None else length // self.LENGTH_STEP * self.LENGTH_STEP

@@ -108,14 +108,6 @@ class Speculator:
         for source in self.sources:
             source.learn(outcome)
 
-    def new_text(self) -> None:
-        """The next prompt does not continue the last text: evidence about it weighs less."""
-        self.model.forget()
-
-    def finish(self, tokens: Sequence[int]) -> None:
-        for source in self.sources:
-            source.finish(tokens)
-
     def contexts(self) -> list:
         return [ctx for source in self.sources for ctx in source.contexts()]
 

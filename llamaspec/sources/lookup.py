@@ -35,7 +35,7 @@ from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple,
 import numpy as np
 
 from .base import LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
-from .registry import Loaded, Plugin, TextContext
+from .registry import Plugin
 from ..config import SamplingConfig
 from ..sequences import common_prefix
 
