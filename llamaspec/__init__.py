@@ -30,6 +30,7 @@ from .errors import (
     ConfigError,
     DecodeError,
     FetchError,
+    GrammarError,
     LlamaspecError,
     ModelError,
     PromptError,
@@ -37,6 +38,7 @@ from .errors import (
     UnknownModelError,
     VocabMismatchError,
 )
+from .grammar import Grammar
 from .llama.models import cache_dir, default_pair, fetch, load_registry, resolve_model
 from .engine.stats import SourceStats, Stats
 
@@ -50,6 +52,8 @@ __all__ = [
     "DecodeError",
     "DraftConfig",
     "FetchError",
+    "Grammar",
+    "GrammarError",
     "GenerationConfig",
     "LlamaSpec",
     "LlamaspecError",

@@ -21,10 +21,10 @@ from .sources import default_registry
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
+from .grammar import GrammarVocabulary
 from .sources.lookahead import check_fits
 from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
-from .sources.consensus import Siblings
 from .engine.engine import Engine, check_prompt
 from .engine.scheduler import Request, RequestStream, Scheduler, Stream
 from .engine.batcher import Batcher
@@ -104,6 +104,7 @@ class LlamaSpec:
                                                                                  parse_special=False))
                                                       for text in references))
             self._leaves = leaves
+            self._grammars = GrammarVocabulary(self.model)  # built when a first request has a grammar
             self._restart()
         except BaseException:  # nothing half-loaded stays behind
             for ctx in (self.ctx, self._draft_ctx):
@@ -123,7 +124,7 @@ class LlamaSpec:
         self.engine = Engine(self.ctx, MAX_SAMPLES, self._leaves)
         self._scheduler = Scheduler(self.engine, self.model, self._sources_for(self._loaded),
                                     self._planner(self._costs), self.ctx.n_ctx, self.ctx.n_ctx,
-                                    self._acceptance_model(), exclusive=True)
+                                    self._acceptance_model(), exclusive=True, grammars=self._grammars)
 
     def _acceptance_model(self) -> AcceptanceModel:
         return AcceptanceModel(self.registry.priors(), self.registry.overall())
@@ -216,16 +217,17 @@ class LlamaSpec:
                 loaded = replace(self._loaded, drafts=DraftSequences(draft_ctx))
             planner = self._planner(self._costs.fresh())  # learns this batch's timings, not ours
             scheduler = Scheduler(Engine(ctx, parallel), self.model, self._sources_for(loaded), planner,
-                                  n_ctx * parallel, n_ctx, self._acceptance_model())
+                                  n_ctx * parallel, n_ctx, self._acceptance_model(), grammars=self._grammars)
             batcher = Batcher(scheduler, contexts, self._prompt_tokens, self.spec_name)
             self._batchers.append(batcher)
             return batcher
 
-    def _sources_for(self, loaded: Loaded) -> Callable[[Optional[Siblings], int, int], List[Source]]:
-        """The sources of sample i of a request on lane l: this LlamaSpec's (a draft model on its
-        lane's sequence), and, between samples of one prompt, its siblings' (consensus)."""
-        def sources(siblings: Optional[Siblings], i: int, lane: int) -> List[Source]:
-            return self.registry.build(self._names, loaded, replace(self._text, lane=lane, siblings=siblings, sample=i))
+    def _sources_for(self, loaded: Loaded) -> Callable[[TextContext], List[Source]]:
+        """The sources of one sample: this LlamaSpec's (a draft model on its lane's sequence, lookup
+        reading its references), between samples of one prompt its siblings' (consensus), and
+        its grammar's, where it has one."""
+        def sources(text: TextContext) -> List[Source]:
+            return self.registry.build(self._names, loaded, replace(text, references=self._text.references))
         return sources
 
     def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:

@@ -23,12 +23,13 @@ from .llama.binding import Model
 from .planning.acceptance_model import AcceptanceModel
 from .measure.agreement import agreement as agreement_run, format_report
 from .api import MAX_SAMPLES, LlamaSpec
-from .measure import (PROGRAMS, STRATEGIES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
+from .measure import (PROGRAMS, STRATEGIES, SUITES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
 from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
                      SpecConfig, default_threads)
 from .planning.costs import CostCurve, CostModel, cached_curve
 from .errors import LlamaspecError, LlamaspecWarning
+from .grammar import Grammar
 from .engine.generation import Result, make_config
 from .sources.registry import Loaded, TextContext
 from .sources import default_registry
@@ -107,6 +108,12 @@ MODEL_OPTIONS = {
     "seed": click.option("--seed", type=int, default=None,
                          help="Random seed, for reproducible sampling (-1 or none: a random one, reported)."),
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
+    "json_schema": click.option("-j", "--json-schema", default=None,
+                                help="The text is JSON valid under this JSON schema (its text, or a file holding it)."),
+    "json_mode": click.option("--json-mode", is_flag=True, help="The text is a JSON object."),
+    "grammar": click.option("--grammar", default=None, help="The text follows this GBNF grammar (llama.cpp's)."),
+    "grammar_file": click.option("--grammar-file", type=click.Path(path_type=Path), default=None,
+                                 help="The text follows the GBNF grammar in this file."),
     "spec": click.option("--spec", default=None,
                          help="Draft sources: auto (every one the models and files allow), none (plain decoding) "
                               f"or a list of {', '.join(default_registry().names)}  [default: auto]."),
@@ -204,8 +211,30 @@ def _generation_options(o: dict) -> dict:
     keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "seed")
     opts = {k: o[k] for k in keys}
     opts["stop"] = tuple(_utf8_option(s, "a --stop string") for s in opts["stop"])
+    opts["grammar"] = _grammar_option(o)
     make_config(**opts)  # validate before loading any model
     return opts
+
+
+def _grammar_option(o: dict) -> Optional[Grammar]:
+    """--json-schema, --json-mode, --grammar or --grammar-file (at most one), checked now."""
+    given = [name for name in ("json_schema", "json_mode", "grammar", "grammar_file") if o[name]]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of --json-schema, --json-mode, --grammar and --grammar-file, not "
+                               f"{' and '.join('--' + g.replace('_', '-') for g in given)}")
+    if o["json_schema"]:
+        text = o["json_schema"]
+        path = Path(text)
+        if not text.lstrip().startswith("{") and path.is_file():
+            text = _read(path, "JSON schema file ")
+        return Grammar.json_schema(text)
+    if o["json_mode"]:
+        return Grammar.json()
+    if o["grammar"]:
+        return Grammar.gbnf(_utf8_option(o["grammar"], "--grammar"))
+    if o["grammar_file"]:
+        return Grammar.gbnf(_read(o["grammar_file"], "grammar file "))
+    return None
 
 
 def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
@@ -366,15 +395,18 @@ def chat(system: str, no_stats: bool, **o: Any) -> None:
                    "drafting with every source but a draft model); 1: one at a time with every source.")
 def serve(host: str, port: int, api_key: Optional[str], queue: int, parallel: int, **o: Any) -> None:
     """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
-    speculation as generate and chat. Needs: pip install 'llamaspec[server]'."""
+    speculation as generate and chat. --json-schema, --json-mode, --grammar or --grammar-file
+    constrain every request that asks for no format of its own. Needs: pip install
+    'llamaspec[server]'."""
     from .server import check_address, require_server, serve as run_server
     require_server()  # before loading any model
     check_address(host, port)
+    grammar = _grammar_option(o)
     with _load(o, default_draft=False) as spec:
         together = f", {parallel} requests decoded together" if parallel > 1 else ""
         click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}{together}) on http://{host}:{port}/v1; "
                    f"Ctrl-C stops", err=True)
-        run_server(spec, host, port, queue, api_key, parallel)
+        run_server(spec, host, port, queue, api_key, parallel, grammar)
 
 
 @cli.group("models")
@@ -548,6 +580,9 @@ def _write(path: Path, text: str) -> None:
               help="Temperature; at 0 (greedy) every strategy's output is checked against plain's.")
 @click.option("--strategies", help=f"Comma-separated, from: {', '.join(STRATEGIES)} "
                                    "[default: plain and every strategy the models allow].")
+@click.option("--suite", "suite_name", type=click.Choice(sorted(SUITES)), default="default", show_default=True,
+              help="The shipped suite: default (llamaspec/data/bench_suite.json) or structured (answers that "
+                   "follow a JSON schema: llamaspec/data/structured_suite.json).")
 @click.option("--prompts", help="Comma-separated names of prompts of the shipped suite (llamaspec/data/"
                                "bench_suite.json) [default: all; none when -f is given].")
 @click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
@@ -559,7 +594,8 @@ def _write(path: Path, text: str) -> None:
 @click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
               help="Instead: N samples of each prompt decoded together against N separate runs (needs --temp > 0; "
                    "default prompts json_record, code_edit).")
-def bench_command(temperature: float, strategies: Optional[str], prompts: Optional[str], files: List[Path],
+def bench_command(temperature: float, strategies: Optional[str], suite_name: str, prompts: Optional[str],
+                  files: List[Path],
                   repeat: int, json_file: Optional[Path], plot_file: Optional[Path], samples: int, **o: Any) -> None:
     """Plain decoding and each strategy on a prompt suite, same models and settings, one process:
     decode t/s (median, min, max), speed-up over plain, acceptance, tokens per target call,
@@ -569,13 +605,13 @@ def bench_command(temperature: float, strategies: Optional[str], prompts: Option
     _check_writable(json_file, plot_file)
     settings = _bench_settings(o, repeat, temperature, o["seed"])
     if samples > 1:
-        chosen = load_suite(_names(prompts)) if prompts is not None else None
+        chosen = load_suite(_names(prompts), SUITES[suite_name]) if prompts is not None else None
         rows = run_samples(settings, samples, chosen, o["cache_dir"])
         click.echo(samples_table(rows))
         if json_file is not None:
             _write(json_file, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
         return
-    suite = load_suite(_names(prompts)) if prompts is not None or not files else []
+    suite = load_suite(_names(prompts), SUITES[suite_name]) if prompts is not None or not files else []
     suite += [SuitePrompt(f.stem, f"user message from {f}", _read(f, "prompt file ")) for f in files]
     report = run_bench(settings, _names(strategies), suite, o["cache_dir"])
     click.echo(report.table())

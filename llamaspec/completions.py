@@ -3,9 +3,13 @@ values (OpenAI's shapes: dicts, or iterators of chunk dicts with ``stream=True``
 written for ``llama_cpp.Llama`` switches with one line. ``llamaspec serve`` is a thin layer over
 them.
 
-Arguments that would change what the target says (penalties, grammars, logit biases, mirostat,
-typical-p, tail-free sampling) or that llamaspec does not produce (log-probabilities, echo,
-suffixes, tools) raise ConfigError when set to anything but their neutral value. Responses also
+A grammar constrains the text (``requested_grammar``): OpenAI's ``response_format`` (``json_object``,
+with llama-cpp-python's optional ``schema``, or ``json_schema``), llama-cpp-python's ``grammar``
+(a LlamaGrammar or GBNF text) and llama-server's ``json_schema``; one that does not parse raises
+GrammarError before anything is decoded. Arguments that would change what the target says in
+ways not served yet (penalties, logit biases, mirostat, typical-p, tail-free sampling) or that
+llamaspec does not produce (log-probabilities, echo, suffixes, tools) raise ConfigError when set
+to anything but their neutral value. Responses also
 carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
 ``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
 """
@@ -16,7 +20,8 @@ import time
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from .errors import ConfigError
+from .errors import ConfigError, GrammarError
+from .grammar import Grammar
 from .engine.generation import Chunk, Result
 from .engine.scheduler import RequestStream, Stream, aggregate
 from .engine.stats import Stats
@@ -32,20 +37,22 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
                       stream: bool = False, seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
                       mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                       stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
-                      logit_bias: Optional[Dict[str, float]] = None, n: int = 1,
-                      batcher: Any = None) -> Union[Response, Iterator[Response]]:
+                      logit_bias: Optional[Dict[str, float]] = None, n: int = 1, response_format: Any = None,
+                      json_schema: Any = None, batcher: Any = None) -> Union[Response, Iterator[Response]]:
     """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
     ``llama_cpp.Llama.create_completion`` returns it; with ``n`` > 1, n choices (samples decoded
     together, as OpenAI's ``n``). With a ``batcher`` (LlamaSpec.batcher) the request is decoded
-    beside the batcher's other requests."""
+    beside the batcher's other requests. ``response_format`` and ``json_schema``: as for chat
+    (llama-server takes them for completions too)."""
     refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None,
-           grammar=grammar is not None, logit_bias=bool(logit_bias))
+           logit_bias=bool(logit_bias))
+    rules = requested_grammar(response_format, grammar, json_schema)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model or spec.model_name}
-    events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed))
+    events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules))
     if stream:
         return _completion_chunks(events, n, head)
     results = _results(events, n)
@@ -75,19 +82,21 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
                            mirostat_eta: float = 0.1, model: Optional[str] = None, logits_processor: Any = None,
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
-                           trim: bool = False, n: int = 1, batcher: Any = None) -> Union[Response, Iterator[Response]]:
+                           trim: bool = False, n: int = 1, json_schema: Any = None,
+                           batcher: Any = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
-    ``trim`` leaves its oldest turns out."""
-    plain = response_format is not None and dict(response_format).get("type", "text") != "text"
+    ``trim`` leaves its oldest turns out. ``response_format``, ``grammar`` and ``json_schema``
+    (llama-server's field) constrain the reply (see ``requested_grammar``)."""
     refuse(functions=functions is not None, function_call=function_call is not None, tools=bool(tools),
-           tool_choice=tool_choice is not None, typical_p=typical_p != 1.0, response_format=plain,
+           tool_choice=tool_choice is not None, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
-           logits_processor=logits_processor is not None, grammar=grammar is not None, logit_bias=bool(logit_bias),
+           logits_processor=logits_processor is not None, logit_bias=bool(logit_bias),
            logprobs=bool(logprobs), top_logprobs=top_logprobs is not None)
-    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed)
+    rules = requested_grammar(response_format, grammar, json_schema)
+    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules)
     tokens, dropped = spec.chat_prompt([_text_message(m) for m in messages], opts["max_tokens"], trim)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
     events = _start(spec, batcher, tokens, n, opts)
@@ -192,12 +201,46 @@ def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
 
 
 def options(max_tokens: Optional[int], temperature: float, top_p: float, min_p: float, top_k: int,
-            stop: Optional[Union[str, List[str]]], seed: Optional[int]) -> Dict[str, Any]:
+            stop: Optional[Union[str, List[str]]], seed: Optional[int], grammar: Optional[Grammar] = None) -> Dict[str, Any]:
     """llama-cpp-python's arguments as llamaspec's generation options (max_tokens None or <= 0:
     until a stop or the end of the context)."""
     return {"max_tokens": -1 if max_tokens is None or max_tokens <= 0 else max_tokens, "temperature": temperature,
             "top_p": top_p, "min_p": min_p, "top_k": top_k, "stop": [stop] if isinstance(stop, str) else (stop or []),
-            "seed": seed}
+            "seed": seed, "grammar": grammar}
+
+
+def requested_grammar(response_format: Any = None, grammar: Any = None, json_schema: Any = None) -> Optional[Grammar]:
+    """The grammar a request asks for, if any: OpenAI's ``response_format`` (``{"type": "text"}``,
+    ``{"type": "json_object"}`` with llama-cpp-python's optional ``"schema"``, or ``{"type":
+    "json_schema", "json_schema": {"name": ..., "schema": {...}}}``), llama-cpp-python's ``grammar``
+    (a LlamaGrammar or GBNF text) or llama-server's ``json_schema``. GrammarError for one that does
+    not parse or for more than one."""
+    asked = [g for g in (_response_format(response_format),
+                         Grammar.of(grammar) if grammar is not None else None,
+                         Grammar.json_schema(json_schema) if json_schema is not None else None) if g is not None]
+    if len(asked) > 1:
+        raise GrammarError("give one of response_format, grammar and json_schema, not several")
+    return asked[0] if asked else None
+
+
+def _response_format(value: Any) -> Optional[Grammar]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise GrammarError(f"response_format is an object such as {{\"type\": \"json_object\"}}, got {value!r}")
+    kind = value.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return Grammar.json_schema(schema) if schema is not None else Grammar.json()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise GrammarError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}')
+        return Grammar.json_schema(schema)
+    raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
 
 
 def refuse(**unsupported: bool) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 # llama.cpp rounds a smaller context up to this.
@@ -105,11 +108,13 @@ class DraftConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """When to stop. ``max_tokens`` < 0 generates until a stop or a full context."""
+    """When to stop (``max_tokens`` < 0 generates until a stop or a full context), how to sample,
+    and the ``grammar`` the text must follow, if any."""
 
     max_tokens: int = 256
     stop: Tuple[str, ...] = ()
     sampling: SamplingConfig = SamplingConfig()
+    grammar: Optional["Grammar"] = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "

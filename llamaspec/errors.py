@@ -15,6 +15,10 @@ class ConfigError(LlamaspecError, ValueError):
     """A parameter is out of range or parameters contradict each other."""
 
 
+class GrammarError(ConfigError):
+    """A JSON schema or grammar that does not parse, or that the text cannot follow."""
+
+
 class ModelError(LlamaspecError):
     """A model file is missing, is not GGUF, is truncated or failed to load."""
 

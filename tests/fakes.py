@@ -21,6 +21,13 @@ class FakeModel:
     def piece(self, token: int) -> bytes:
         return b"<eos>" if token == EOS else f"{chr(ord('a') + token)}".encode()
 
+    def is_control(self, token: int) -> bool:
+        return token == EOS
+
+    def tokenize_bytes(self, data: bytes) -> List[int]:
+        """One token per letter a..o (what a grammar's matcher asks of a tokenizer)."""
+        return [ord(c) - ord("a") for c in data.decode()]
+
 
 def logits_of(prefix: Sequence[int], sharp: bool = True) -> np.ndarray:
     """The fake model: its distribution after ``prefix`` depends on the last two tokens only (a

@@ -16,7 +16,7 @@ from llamaspec import ModelConfig, SpecConfig
 from llamaspec.planning import costs
 from llamaspec.llama.binding import Context
 from llamaspec.api import LlamaSpec
-from llamaspec.measure import load_suite
+from llamaspec.measure import SUITES, load_suite
 from llamaspec.measure.report import BenchReport, Row, check_shape, shape_of, validate
 from llamaspec.measure.run import rotated
 from llamaspec.errors import ConfigError
@@ -47,7 +47,8 @@ def _row(**changes):
     row = {"prompt": "p", "strategy": "plain", "decode_tps": [1.0], "decode_tps_median": 1.0, "decode_tps_min": 1.0,
            "decode_tps_max": 1.0, "speedup": 1.0, "bound_share": 0.5, "accept": 0.0, "tokens_per_call": 1.0,
            "prompt_tps": 2.0, "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8,
-           "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same"}
+           "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same",
+           "grammar_ms_per_token": 0.0}
     row.update(changes)
     return row
 
@@ -123,6 +124,27 @@ def test_bench_end_to_end(smol, tmp_path):
     assert all(s["load_rss_mb"] > 0 for s in report["strategies"])
     assert "memory added by loading each strategy" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_structured_suite_runs_constrained_and_prints_the_grammar_s_cost(smol, tmp_path):
+    """--suite structured: every answer follows its prompt's schema (cut at -n aside), the
+    grammar source runs in auto, and the time spent following the schema is printed per token."""
+    out = tmp_path / "bench.json"
+    result = run("bench", "-m", smol, "-t", str(THREADS), "-c", "2048", "-n", "48", "--suite", "structured",
+                 "--prompts", "records_list,function_call", "--repeat", "1", "--strategies", "auto",
+                 "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate_report(report)
+    assert [p["constrained"] for p in report["prompts"]] == [True, True] and report["decode_ms"] > 0
+    for r in report["rows"]:
+        assert 0 < r["grammar_ms_per_token"] < report["decode_ms"], r
+        assert r["output"] == "same" or r["output"].startswith("differs from token"), r["output"]
+    auto = [r for r in report["rows"] if r["strategy"] == "auto"]
+    assert all("grammar" in r["sources"] for r in auto)
+    assert "following the schema, per token (of a " in result.stdout and "records_list auto " in result.stdout
+    schemas = {p.name: p.schema for p in load_suite(path=SUITES["structured"])}
+    assert set(schemas) == {"schema_extract", "records_list", "function_call"} and all(schemas.values())
 
 
 def test_bench_user_errors(smol, tmp_path, monkeypatch):

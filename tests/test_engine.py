@@ -21,6 +21,7 @@ from llamaspec.sources import default_registry
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.engine.engine import Engine, Step
+from llamaspec.grammar import GrammarVocabulary
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
 from llamaspec.sampling import Uniforms, sample, transform
@@ -82,9 +83,9 @@ class OneText:
         self.ctx = ctx if ctx is not None else FakeContext(**ctx_options)
         self.sources = list(sources)
         self.engine = Engine(self.ctx, 1)
-        self.scheduler = Scheduler(self.engine, FakeModel(), lambda siblings, i, lane: self.sources,
+        self.scheduler = Scheduler(self.engine, FakeModel(), lambda text: self.sources,
                                    Planner(CostModel(curve)), self.ctx.n_ctx, self.ctx.n_ctx, with_oracle(),
-                                   exclusive=True)
+                                   exclusive=True, grammars=GrammarVocabulary(FakeModel()))
 
     @property
     def tokens(self) -> List[int]:
@@ -101,14 +102,15 @@ class OneText:
         chunks = list(Stream(RequestStream(request, self.scheduler.cancel, self.scheduler.step)))
         return chunks, chunks[-1].result
 
-    def steps(self, prompt, sampling=GREEDY, seed=0, max_new=100) -> Iterator[Step]:
-        """The engine's steps for ``prompt`` (the first: the prompt's decode, its first token);
-        closing the generator stops the text, its caches trimmed."""
+    def steps(self, prompt, sampling=GREEDY, seed=0, max_new=100, constraint=None) -> Iterator[Step]:
+        """The engine's steps for ``prompt`` (the first: the prompt's decode, its first token),
+        its text following ``constraint`` where given; closing the generator stops the text, its
+        caches trimmed."""
         if self.speculator is None:
             self.engine.lanes[0].speculator = Speculator(self.sources, self.scheduler.model, self.scheduler.planner)
         lane = self.engine.lanes[0]
         self.engine.start([0], list(prompt), [lane.speculator], sampling,
-                          [(np.random.default_rng(seed), Uniforms(seed))], max_new, self.ctx.n_ctx)
+                          [(np.random.default_rng(seed), Uniforms(seed))], max_new, self.ctx.n_ctx, [constraint])
         try:
             while lane.state == "prompt" or lane.live:
                 for _, step in self.engine.step():

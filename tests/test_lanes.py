@@ -51,14 +51,14 @@ def check_lanes(ctx: FakeContext, engine: Engine) -> None:
 
 def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus: bool = True,
               lookup: bool = True, drafts: Optional[DraftSequences] = None) -> Scheduler:
-    def sources(siblings, i, lane):
+    def sources(text):
         out = []
         if lookup:
             out.append(LookupSource())
-        if consensus and siblings is not None:  # several samples of one prompt
-            out.append(ConsensusSource(siblings, i))
+        if consensus and text.siblings is not None:  # several samples of one prompt
+            out.append(ConsensusSource(text.siblings, text.sample))
         if drafts is not None:
-            out.append(DraftModelSource(drafts, lane, DraftConfig(draft_max=6)))
+            out.append(DraftModelSource(drafts, text.lane, DraftConfig(draft_max=6)))
         return out
     return Scheduler(Engine(ctx, n_lanes), FakeModel(), sources, Planner(costs), ctx.n_ctx, ctx.n_ctx)
 
@@ -66,7 +66,7 @@ def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus
 def alone(prompt, config, sources=(), ctx=None) -> List[int]:
     """The text one lane decodes alone, as a LlamaSpec decodes one text."""
     ctx = ctx if ctx is not None else FakeContext(n_ctx=2048, n_batch=256, sharp=config.sampling.temperature == 0)
-    sched = Scheduler(Engine(ctx, 1), FakeModel(), lambda siblings, i, lane: list(sources), Planner(FLAT),
+    sched = Scheduler(Engine(ctx, 1), FakeModel(), lambda text: list(sources), Planner(FLAT),
                       ctx.n_ctx, ctx.n_ctx, exclusive=True)
     request = Request(prompt, config)
     sched.run(request)
@@ -136,7 +136,7 @@ def test_lookahead_windows_ride_in_lanes_as_alone(n_seq_max):
     ctx = FakeContext(n_ctx=2048, n_batch=256, n_seq_max=n_seq_max)
     made: List[Windows] = []
 
-    def sources(siblings, i, lane):
+    def sources(text):
         made.append(Windows())
         return [made[-1]]
     sched = Scheduler(Engine(ctx, 3), FakeModel(), sources, Planner(FLAT), ctx.n_ctx, ctx.n_ctx)

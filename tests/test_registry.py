@@ -30,13 +30,14 @@ GREEDY = SamplingConfig(temperature=0)
 
 def test_what_each_spec_runs_given_what_is_loaded():
     resolve = REGISTRY.resolve
-    assert resolve(SpecConfig(), frozenset()) == {"lookup", "lookahead", "consensus"}  # consensus: where samples are
-    assert resolve(SpecConfig(), EVERYTHING) == {"lookup", "cache", "lookahead", "draft", "consensus"}
+    # consensus runs where samples are, the grammar where a request has one
+    assert resolve(SpecConfig(), frozenset()) == {"lookup", "lookahead", "consensus", "grammar"}
+    assert resolve(SpecConfig(), EVERYTHING) == {"lookup", "cache", "lookahead", "draft", "consensus", "grammar"}
     assert resolve(SpecConfig.parse("lookup"), EVERYTHING) == {"lookup", "cache"}  # the cache files join lookup
     assert resolve(SpecConfig.parse("lookup"), frozenset()) == {"lookup"}
     assert resolve(SpecConfig.parse("none"), EVERYTHING) == frozenset()
     for spec, fragment in [("turbo", "unknown draft source 'turbo'; choose from auto, none or lookup, cache, "
-                                     "lookahead, draft, consensus"),
+                                     "lookahead, draft, consensus, grammar"),
                            ("draft", "the draft source needs a draft model"),
                            ("cache", "the cache source needs an n-gram cache file")]:
         with pytest.raises(ConfigError, match=fragment):
@@ -87,7 +88,7 @@ def keys_given(source: Source, prompt: List[int], answer: List[int], rider: bool
 def test_every_evidence_key_a_source_gives_has_a_prior():
     """Each built-in source, built by the registry and run over recorded answers, gives only keys
     its plugin declares a prior for (the acceptance model refuses any other); the draft model's
-    deciles all have one."""
+    deciles all have one. (The grammar's keys, which need a model's vocabulary: test_grammar_real.py.)"""
     for name, item in list(ANSWERS.items())[:3]:
         prompt, answer = item["prompt"], item["answer"]
         board = Siblings(2, len(prompt))
@@ -97,7 +98,7 @@ def test_every_evidence_key_a_source_gives_has_a_prior():
         loaded = Loaded(caches=NgramCaches(1, 2, NgramCache(), dynamic))
         text = TextContext(siblings=board, sample=1)
         for plugin in REGISTRY.plugins:
-            if plugin.name == "draft":
+            if plugin.name in ("draft", "grammar"):
                 continue
             keys = keys_given(plugin.build(loaded, text), prompt, answer, rider=True)
             assert keys, f"{plugin.name} proposed nothing on {name}"

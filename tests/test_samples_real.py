@@ -102,7 +102,7 @@ def lanes_of(spec, n_lanes: int) -> Engine:
 
 
 def scheduler(spec, n_lanes: int) -> Scheduler:
-    return Scheduler(lanes_of(spec, n_lanes), spec.model, lambda sib, i, lane: [LookupSource()] + ([ConsensusSource(sib, i)] if sib else []),
+    return Scheduler(lanes_of(spec, n_lanes), spec.model, lambda text: [LookupSource()] + ([ConsensusSource(text.siblings, text.sample)] if text.siblings else []),
                      Planner(spec._costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
 
 

@@ -13,6 +13,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
+import jsonschema
 import psutil
 import pytest
 from openai import APIStatusError, OpenAI
@@ -250,6 +251,57 @@ def test_parallel_with_a_draft_model_drafts_for_every_request(smol, reference):
         assert_text_as_alone(reference(SMOL), prompt, reply.choices[0].text, 24)
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+                                           "city": {"type": "string", "maxLength": 30}},
+          "required": ["name", "age", "city"]}
+ADA = [{"role": "user", "content": "Ada Lovelace, 36, lives in London. Give her record as JSON."}]
+
+
+def test_structured_output_through_the_openai_client(server, parallel_server, smol):
+    """response_format json_schema (as OpenAI's client sends it) and llama-server's json_schema
+    field: the reply validates, streamed or not, one choice or n, on either kind of server; greedy,
+    it is `llamaspec generate --chat -j`'s text (every source on both sides)."""
+    expected = run("generate", "-m", smol, "-t", str(THREADS), "-c", "2048", "--temp", "0", "--json", "--chat",
+                   "-p", ADA[0]["content"], "-j", json.dumps(PERSON), "-n", "120")
+    assert expected.exit_code == 0, expected.stderr
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for srv in (server, parallel_server):
+        client = srv.client()
+        reply = client.chat.completions.create(model="x", messages=ADA, response_format=fmt, max_tokens=120,
+                                               temperature=0)
+        text = reply.choices[0].message.content
+        jsonschema.validate(json.loads(text), PERSON)
+        if srv is server:
+            assert text == json.loads(expected.stdout)["text"]
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="x", messages=ADA, response_format=fmt, max_tokens=120, temperature=0, stream=True) if c.choices)
+        jsonschema.validate(json.loads(streamed), PERSON)
+        several = client.chat.completions.create(model="x", messages=ADA, n=3, max_tokens=120, temperature=0.9,
+                                                 seed=3, extra_body={"json_schema": PERSON})
+        for choice in several.choices:
+            jsonschema.validate(json.loads(choice.message.content), PERSON)
+        done = client.completions.create(model="x", prompt="Colours: ", max_tokens=8, temperature=0,
+                                         extra_body={"grammar": 'root ::= "red" | "green" | "blue"'})
+        assert done.choices[0].text in ("red", "green", "blue") and done.choices[0].finish_reason == "stop"
+
+
+def test_a_server_started_with_a_schema_constrains_requests_that_ask_for_no_format(smol, tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--json-schema", str(schema))
+    try:
+        client = server.client()
+        reply = client.chat.completions.create(model="x", messages=ADA, max_tokens=120, temperature=0)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+        hello = [{"role": "user", "content": "Say hello."}]
+        free = client.chat.completions.create(model="x", messages=hello, max_tokens=8, temperature=0,
+                                              response_format={"type": "text"})
+        held = client.chat.completions.create(model="x", messages=hello, max_tokens=8, temperature=0)
+        assert not free.choices[0].message.content.startswith("{") and held.choices[0].message.content.startswith("{")
+    finally:
+        server.stop()
+
+
 def test_a_full_queue_answers_503_at_once(server):
     client = server.client()
 
@@ -308,6 +360,15 @@ BAD = [
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": [10**9]}, "not in the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}}, "unknown type 'objec'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}},
+     "'xml' is not one of"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema"}}, "needs"),
+    ("/v1/completions", {"prompt": "hi", "grammar": "root ::= foo"}, "Rule 'foo' not found"),
+    ("/v1/completions", {"prompt": "hi", "json_schema": {"type": "object", "required": ["a"], "properties": {"b": {}}}},
+     "requires 'a'"),
 ]
 
 

@@ -43,7 +43,9 @@ Each lane's step, in the paper's terms: the sources' candidates merged into a tr
 draft is a one-branch trie, no candidate a plain step) are verified by walking the trie: at
 each node the target's own choice (greedy: argmax; sampling: exact speculative sampling), down
 the child holding it; the accepted path, then one token of the target's (the correction, or
-the bonus token after a whole path).
+the bonus token after a whole path). A lane whose text follows a grammar (its ``constraint``)
+takes the constrained target's choice at every node: its row with the tokens the grammar forbids
+there removed (``walk``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..errors import DecodeError, PromptError
+from ..grammar import Constraint
 from ..llama.binding import Context
 from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
@@ -121,6 +124,7 @@ class Lane:
     uniform: Optional[Uniform] = None
     left: int = 0
     limit: int = 0
+    constraint: Optional[Constraint] = None  # where its text is in its grammar, when it has one
 
     @property
     def live(self) -> bool:
@@ -168,10 +172,11 @@ class Engine:
 
     def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
               sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
-              limit: int) -> int:
+              limit: int, constraints: Optional[Sequence[Optional[Constraint]]] = None) -> int:
         """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
         prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
-        positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms)."""
+        positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms);
+        ``constraints``: each lane's grammar state, where its text is constrained."""
         check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
         keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
@@ -188,6 +193,7 @@ class Engine:
             lane.sampling = sampling
             lane.rng, lane.uniform = seeds[i]
             lane.left, lane.limit = max_new, limit
+            lane.constraint = constraints[i] if constraints is not None else None
         return len(prompt) - keep
 
     def stop(self, lane: int, keep: Optional[int] = None) -> None:
@@ -237,7 +243,7 @@ class Engine:
                 room = ln.limit - len(ln.tokens)
                 limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
                                 room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
-                plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng)
+                plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng, ln.constraint)
                 mine = self._lay_out(ln, plan, free, n_out)
                 mine.t_plan = time.perf_counter() - t0
                 used += mine.seqs[1:]
@@ -309,7 +315,9 @@ class Engine:
             if ln.left <= 0:
                 ln.state = "decoding"
                 continue
-            token = int(row.argmax()) if ln.sampling.greedy else sample_at(transform(row, ln.sampling), ln.uniform(n))
+            token = choose(row, ln.sampling, ln.constraint, lambda: ln.uniform(n))
+            if ln.constraint is not None:
+                ln.constraint.advance(token)
             ln.tokens.append(token)
             ln.left -= 1
             ln.state = "decoding"
@@ -322,7 +330,7 @@ class Engine:
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
-        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth))
+        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth), ln.constraint)
         accepted = [trie.token[v] for v in path]
         ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
         if path:
@@ -351,13 +359,43 @@ class Engine:
                 ctx.truncate(common_prefix(ctx.tokens, text))
 
 
-def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
-         uniform: Callable[[int], float]) -> Tuple[List[int], int]:
-    """The target's choice down the trie, ``logits[v]`` its row after node v's path:
-    (accepted nodes, the target's next token)."""
+def choose(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint],
+           uniform: Callable[[], float]) -> int:
+    """The target's token from its ``row`` alone (no candidate): greedy, its argmax; sampling, a
+    draw at the position's ``uniform``; with a ``constraint``, among the tokens it allows."""
     if sampling.greedy:
-        return walk_greedy(trie.children, lambda v: int(logits[v].argmax()))
-    return walk_sampled(trie.children, trie.q, lambda v: transform(logits[v], sampling), rng, uniform)
+        return constraint.argmax(row) if constraint is not None else int(row.argmax())
+    return sample_at(transform(constraint.mask(row) if constraint is not None else row, sampling), uniform())
+
+
+def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
+         uniform: Callable[[int], float], constraint: Optional[Constraint] = None) -> Tuple[List[int], int]:
+    """The target's choice down the trie, ``logits[v]`` its row after node v's path:
+    (accepted nodes, the target's next token).
+
+    With a ``constraint`` (the grammar's state after the text), every row is the constrained
+    target's at its node. The walk only ever goes down the child holding the target's token, so
+    one state follows it: it advances by each node's token as the walk enters the node, and by
+    the next token at the end. A branch the walk leaves is never looked at, so no state of one
+    branch reaches another, and a candidate token the grammar forbids is never the target's.
+    """
+    if constraint is None:
+        if sampling.greedy:
+            return walk_greedy(trie.children, lambda v: int(logits[v].argmax()))
+        return walk_sampled(trie.children, trie.q, lambda v: transform(logits[v], sampling), rng, uniform)
+
+    def row(v: int) -> np.ndarray:
+        if v:  # the walk entered v: its token is the text's
+            constraint.advance(trie.token[v])
+        return logits[v]
+
+    if sampling.greedy:
+        path, token = walk_greedy(trie.children, lambda v: constraint.argmax(row(v)))
+    else:
+        path, token = walk_sampled(trie.children, trie.q, lambda v: transform(constraint.mask(row(v)), sampling),
+                                   rng, uniform)
+    constraint.advance(token)
+    return path, token
 
 
 def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[Tuple[int, ...]],

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
+from typing import Any, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from ..config import GenerationConfig, SamplingConfig
+from ..errors import ConfigError
+from ..grammar import Grammar
 from .engine import Step
 from .stats import Stats
 from .text import TextStream
@@ -121,13 +123,19 @@ _SAMPLING = SamplingConfig()
 def make_config(max_tokens: int = GenerationConfig.max_tokens, stop: Union[str, Sequence[str]] = (),
                 temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
                 top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
-                seed: Optional[int] = None) -> GenerationConfig:
+                seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
-    ``seed`` None or -1: a random seed (reported in the result's statistics)."""
+    ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
+    ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
+    its JSON text; ``{"type": "object"}``: any JSON object), if given."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               seed=None if seed == -1 else seed)
-    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling)
+    if grammar is not None and json_schema is not None:
+        raise ConfigError("give a grammar or a JSON schema, not both")
+    rules = Grammar.of(grammar) if grammar is not None else (
+        Grammar.json_schema(json_schema) if json_schema is not None else None)
+    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules)
 
 
 def last(chunks: Iterator[Chunk]) -> Result:

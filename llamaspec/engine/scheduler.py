@@ -33,6 +33,8 @@ from ..sources.base import Source
 from ..config import GenerationConfig
 from ..sources.consensus import Siblings
 from ..errors import ConfigError, LlamaspecError, StreamClosedError
+from ..grammar import Constraint, GrammarVocabulary, constraint_of
+from ..sources.registry import TextContext
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
 from .engine import Engine
 from ..planning.planner import Planner
@@ -41,8 +43,9 @@ from ..planning.speculator import Speculator
 from ..sequences import common_prefix
 from .stats import SourceStats, Stats, sum_sources
 
-# The sources of sample i of a request on lane l: (its group's siblings, None for a text alone, i, l) -> sources.
-SourceFactory = Callable[[Optional[Siblings], int, int], List[Source]]
+# The sources of one sample, from what its generation carries (its lane, its group's siblings, None
+# for a text alone, its index among them, its grammar's state).
+SourceFactory = Callable[[TextContext], List[Source]]
 
 
 class Request:
@@ -186,11 +189,14 @@ class _Sample:
 class Scheduler:
     """Runs requests on an Engine. ``limit``: the positions one lane may use; ``cells``: the KV
     cells of the whole context (a request of n samples may use n lanes' share, or every cell when
-    ``exclusive``); ``model``: the acceptance model every lane's speculator shares."""
+    ``exclusive``); ``model``: the acceptance model every lane's speculator shares;
+    ``grammars``: the model's vocabulary for the grammars requests carry."""
 
     def __init__(self, engine: Engine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
-                 cells: int, limit: int, model: Optional[AcceptanceModel] = None, exclusive: bool = False) -> None:
+                 cells: int, limit: int, model: Optional[AcceptanceModel] = None, exclusive: bool = False,
+                 grammars: Optional[GrammarVocabulary] = None) -> None:
         self.engine, self.vocab, self.sources, self.planner = engine, vocab, sources, planner
+        self.grammars = grammars
         self.model = model if model is not None else AcceptanceModel()  # shared: every sample teaches every other
         self.cells, self.limit, self.exclusive = cells, limit, exclusive
         self._kept: Optional[Tuple[int, Speculator]] = None  # (lane, speculator) of the last text alone
@@ -278,9 +284,11 @@ class Scheduler:
         max_new = config.max_tokens if config.max_tokens >= 0 else limit
         t0 = time.perf_counter()
         try:
-            speculators = self._speculators(request, lanes, siblings)
+            constraints = [constraint_of(self.grammars, config.grammar) for _ in lanes]
+            speculators = self._speculators(request, lanes, siblings, constraints)
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
-            n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit)
+            n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit,
+                                       constraints)
         except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
             request.error = e
             self._cancel_waiting(request)
@@ -292,17 +300,25 @@ class Scheduler:
                                           self._busy(speculators[i]))
         return True
 
-    def _speculators(self, request: Request, lanes: Sequence[int], siblings: Optional[Siblings]) -> List[Speculator]:
+    def _speculators(self, request: Request, lanes: Sequence[int], siblings: Optional[Siblings],
+                     constraints: Sequence[Optional[Constraint]]) -> List[Speculator]:
         """Each sample's speculator: fresh sources, the shared acceptance model and planner. One
-        text decoded alone (``exclusive``) goes on with the last such text's speculator on its
-        lane; a text that does not continue its lane's makes the evidence weigh less."""
+        text decoded alone (``exclusive``) and free of any grammar goes on with the last such
+        text's speculator on its lane; a text that does not continue its lane's makes the evidence
+        weigh less."""
         first = self.engine.lanes[lanes[0]]
         if self.exclusive and first.tokens and common_prefix(first.tokens, request.prompt) < len(first.tokens) - 1:
             self.model.forget()
-        if self.exclusive and request.n == 1 and self._kept is not None and self._kept[0] == lanes[0]:
+        if self._continues(request) and self._kept is not None and self._kept[0] == lanes[0]:
             return [self._kept[1]]
-        return [Speculator(self.sources(siblings, i, lane), self.model, self.planner, self.vocab.eog_tokens)
+        return [Speculator(self.sources(TextContext(lane, siblings=siblings, sample=i, constraint=constraints[i])),
+                           self.model, self.planner, self.vocab.eog_tokens)
                 for i, lane in enumerate(lanes)]
+
+    def _continues(self, request: Request) -> bool:
+        """Whether ``request``'s speculator may go on with the next such request's text (a chat's
+        next turn): one text decoded alone, with no grammar (its sources follow its own)."""
+        return self.exclusive and request.n == 1 and request.config.grammar is None
 
     def _busy(self, speculator: Speculator) -> float:
         """Seconds the target's and ``speculator``'s contexts have spent in llama_decode."""
@@ -339,6 +355,8 @@ class Scheduler:
             collector.stop_reason = reason
         result = collector.result()
         result.stats.t_llama = self._busy(sample.speculator) - sample.busy
+        constraint = self.engine.lanes[sample.lane].constraint
+        result.stats.t_grammar = constraint.seconds if constraint is not None else 0.0
         for source in sample.speculator.sources:
             result.stats.sources.setdefault(source.name, SourceStats())  # every source is listed, verified or not
             try:
@@ -347,8 +365,8 @@ class Scheduler:
                 result.warnings.append(str(e))
         request = sample.request
         request.results[sample.index] = result
-        if self.exclusive and request.n == 1:
-            self._kept = (sample.lane, sample.speculator)
+        if self.exclusive:  # the lane's text is this one's now: only its speculator may go on with it
+            self._kept = (sample.lane, sample.speculator) if self._continues(request) else None
         request.events.put((sample.index, collector.tail()))
         if all(r is not None for r in request.results):
             if self.exclusive:  # the next request gets every cell but its first sample's text

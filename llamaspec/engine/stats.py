@@ -43,6 +43,7 @@ class Stats:
     t_plan: float = 0.0  # of which, asking the sources and planning (drafting included)
     t_draft: float = 0.0  # of which, a draft model drafting
     t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
+    t_grammar: float = 0.0  # of which, following the text's grammar (masks, checks, forced tokens)
     drafted_by_pos: List[int] = field(default_factory=list)  # steps that verified a token at depth i + 1
     accepted_by_pos: List[int] = field(default_factory=list)  # steps that accepted one there
     sources: Dict[str, SourceStats] = field(default_factory=dict)

@@ -157,8 +157,15 @@ class Model:
             self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
         return self._eog
 
+    def is_control(self, token: int) -> bool:
+        """A control token (``<|im_end|>``): no text spells it."""
+        return bool(ll.llama_vocab_get_attr(self._vocab, token) & ll.LLAMA_TOKEN_ATTR_CONTROL)
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
-        data = text.encode("utf-8")
+        return self.tokenize_bytes(text.encode("utf-8"), add_special, parse_special)
+
+    def tokenize_bytes(self, data: bytes, add_special: bool = False, parse_special: bool = False) -> List[int]:
+        """Tokens of raw bytes (by default as text: no BOS, special tokens not parsed)."""
         n_max = len(data) + 8
         buf = (ll.llama_token * n_max)()
         n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)

@@ -19,8 +19,8 @@ from .plot import require_matplotlib, write_plot
 from .report import BenchReport, Machine, format_columns, shape_of, validate
 from .run import run_bench
 from .settings import STRATEGIES, BenchSettings, build_spec
-from .suite import SuitePrompt, load_suite
+from .suite import SUITES, SuitePrompt, load_suite
 
 __all__ = ["PROGRAMS", "STRATEGIES", "BenchReport", "BenchSettings", "CompareReport", "Machine", "SuitePrompt",
-           "build_spec", "format_columns", "load_suite", "matched", "require_matplotlib", "run_bench", "run_compare",
+           "SUITES", "build_spec", "format_columns", "load_suite", "matched", "require_matplotlib", "run_bench", "run_compare",
            "shape_of", "validate", "write_plot"]

@@ -89,7 +89,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     pos = 1
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
-        plan = speculator.plan(tokens, limits, greedy, rng, _knows(answer, pos) if perfect else None)
+        plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
         trie = plan.trie
         path, token = walk_greedy(trie.children, lambda v, base=pos: int(answer[base + trie.depth[v]]))
         emitted = [trie.token[v] for v in path] + [token]

@@ -54,6 +54,7 @@ class PromptInfo:
     description: str
     n_prompt: int
     copy_bound: float  # the copy oracle's speed-up on plain's answer, with the measured cost curve
+    constrained: bool = False  # its answer follows a JSON schema
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Row:
     sources: Dict[str, SourceStats]  # per draft source, sums over the runs
     peak_rss_mb: float
     output: str  # "same" | "differs from token I" | "not checked (sampling)"
+    grammar_ms_per_token: float = 0.0  # following the schema (masks, checks, forced tokens), per emitted token
 
 
 @dataclass
@@ -90,6 +92,7 @@ class BenchReport:
     strategies: List[StrategyInfo]
     prompts: List[PromptInfo]
     rows: List[Row] = field(default_factory=list)
+    decode_ms: float = 0.0  # one single-token decode of the target, as the cost curve measured it
 
     def table(self) -> str:
         """The rows as a readable table, with the settings above it."""
@@ -106,6 +109,15 @@ class BenchReport:
             r.prompt, r.strategy, f"{r.decode_tps_median:.2f}", f"{r.decode_tps_min:.1f}-{r.decode_tps_max:.1f}",
             f"{r.speedup:.2f}x", f"{100 * r.bound_share:.0f}%", f"{r.accept:.1f}%" if r.n_drafted else "-",
             f"{r.tokens_per_call:.2f}", f"{r.prompt_tps:.1f}", f"{r.peak_rss_mb:.0f}", r.output) for r in self.rows]
+        constrained = {p.name for p in self.prompts if p.constrained}
+        grammar = [f"{r.prompt} {r.strategy} {r.grammar_ms_per_token:.3f} ms"
+                   + (f" ({100 * r.grammar_ms_per_token / self.decode_ms:.1f}%)" if self.decode_ms else "")
+                   + (f", its forced tokens accepted {r.sources['grammar'].accepted}/{r.sources['grammar'].drafted}"
+                      if "grammar" in r.sources else "")
+                   for r in self.rows if r.prompt in constrained]
+        if grammar:
+            lines.append(f"following the schema, per token (of a {self.decode_ms:.1f} ms single-token decode): "
+                         + ", ".join(grammar))
         return "\n".join(lines + format_columns(cells, left=(0, 1, len(header) - 1)))
 
 

@@ -82,8 +82,8 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
                     spec.reset()  # every run evaluates the whole prompt
                     reset_peak_rss()
                     seed = None if settings.seed is None else settings.seed + i
-                    result = spec.generate(tokens, max_tokens=settings.n_predict,
-                                           temperature=settings.temperature, seed=seed)
+                    result = spec.generate(tokens, max_tokens=settings.n_predict, temperature=settings.temperature,
+                                           seed=seed, json_schema=prompt.schema)
                     runs.setdefault((prompt.name, name), []).append((result, peak_rss_mb()))
                     bar.update()
     finally:
@@ -92,10 +92,10 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
             spec.close()
     greedy = settings.temperature == 0
     infos_p = [PromptInfo(p.name, p.description, len(t),
-                          copy_oracle(t, runs[(p.name, "plain")][0][0].tokens, curve.cost))
+                          copy_oracle(t, runs[(p.name, "plain")][0][0].tokens, curve.cost), p.schema is not None)
                for p, t in zip(prompts, inputs)]
     report = BenchReport(version(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                         machine, settings, method, infos, infos_p)
+                         machine, settings, method, infos, infos_p, decode_ms=curve.ms_per_token)
     for prompt, info in zip(prompts, infos_p):
         plain_tokens = runs[(prompt.name, "plain")][0][0].tokens
         base = _row(prompt.name, "plain", runs[(prompt.name, "plain")], None, plain_tokens, greedy, info.copy_bound)
@@ -131,4 +131,4 @@ def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Op
     return Row(prompt, strategy, tps, median, min(tps), max(tps), speedup, speedup / bound if bound else 0.0,
                100.0 * n_accept / n_drafted if n_drafted else 0.0, n_predict / n_calls if n_calls else 0.0,
                statistics.median(s.prompt_tps for s in stats), n_predict, n_drafted, n_accept, n_calls, sources,
-               max(peak for _, peak in runs), output)
+               max(peak for _, peak in runs), output, 1000 * sum(s.t_grammar for s in stats) / max(n_predict, 1))

@@ -59,13 +59,13 @@ def run_samples(settings: BenchSettings, n: int, prompts: Optional[Sequence[Suit
         inputs = [spec.tokenize(text, add_special=False) for text in texts]
         together_stats: List[List[Stats]] = [[] for _ in rows]
         for r in range(settings.repeat):
-            for row, tokens, kept in zip(rows, inputs, together_stats):
+            for row, prompt, tokens, kept in zip(rows, prompts, inputs, together_stats):
                 seed = (settings.seed or 0) + 1000 * r
                 spec.reset()
-                alone = [spec.generate(tokens, seed=seed + i, **options) for i in range(n)]
+                alone = [spec.generate(tokens, seed=seed + i, json_schema=prompt.schema, **options) for i in range(n)]
                 row.separate_tps.append(sum(x.stats.n_predict for x in alone) / sum(x.stats.t_decode for x in alone))
                 spec.reset()
-                together = aggregate(spec.samples(tokens, n, seed=seed, **options))
+                together = aggregate(spec.samples(tokens, n, seed=seed, json_schema=prompt.schema, **options))
                 row.together_tps.append(together.decode_tps)
                 kept.append(together)
                 bar.update()

@@ -1,5 +1,7 @@
-"""The shipped prompt suite (``data/bench_suite.json``): prompts where speculation should pay
-(the answer copies the prompt) and where it should not."""
+"""The shipped prompt suites: ``data/bench_suite.json``, prompts where speculation should pay
+(the answer copies the prompt) and where it should not, and ``data/structured_suite.json``,
+prompts whose answer follows a JSON schema (held apart from the answers the priors were fitted
+on)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,18 @@ from ..llama.chat import ChatTemplate, Message
 from ..errors import ConfigError
 
 SUITE_FILE = Path(__file__).resolve().parent.parent / "data" / "bench_suite.json"
+SUITES = {"default": SUITE_FILE, "structured": SUITE_FILE.parent / "structured_suite.json"}
 
 
 @dataclass(frozen=True)
 class SuitePrompt:
+    """A user message (and system message); ``schema``: the JSON schema its answer follows."""
+
     name: str
     description: str
     user: str
     system: str = ""
+    schema: Optional[Dict[str, Any]] = None
 
     @property
     def messages(self) -> List[Message]:
@@ -29,7 +35,8 @@ class SuitePrompt:
 
 
 def load_suite(names: Optional[Sequence[str]] = None, path: Path = SUITE_FILE) -> List[SuitePrompt]:
-    """The shipped prompts, or those named (in that order); ConfigError for an unknown name."""
+    """The shipped prompts, or those named (in that order); ConfigError for an unknown name.
+    ``path``: a suite's file (SUITES)."""
     suite = {p["name"]: SuitePrompt(**p) for p in json.loads(path.read_text(encoding="utf-8"))}
     if names is None:
         return list(suite.values())
@@ -58,6 +65,6 @@ def greedy_answers(spec: Any, n_tokens: int, prompts: Optional[Sequence[SuitePro
     for prompt in prompts if prompts is not None else load_suite():
         tokens = spec.tokenize(spec.format_chat(prompt.messages), add_special=False)
         spec.reset()
-        answers[prompt.name] = {"prompt": tokens,
-                                "answer": spec.generate(tokens, max_tokens=n_tokens, temperature=0).tokens}
+        answers[prompt.name] = {"prompt": tokens, "answer": spec.generate(tokens, max_tokens=n_tokens, temperature=0,
+                                                                            json_schema=prompt.schema).tokens}
     return answers

@@ -19,6 +19,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .acceptance_model import AcceptanceModel
+from ..grammar import Constraint
 from ..sources.base import Budget, Candidate, Outcome, Rider, Source
 from ..config import SamplingConfig
 from .costs import CostModel
@@ -61,9 +62,20 @@ class Speculator:
         return self.planner.costs
 
     def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
+             constraint: Optional[Constraint] = None,
              estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
-        """What to verify after ``tokens``. ``estimate``: each candidate token's acceptance, in
-        place of the acceptance model's (the replay's perfect estimates)."""
+        """What to verify after ``tokens``. ``constraint``: the grammar's state after them, where
+        the text has one: the target never takes a token the grammar forbids, so a candidate is
+        cut before its first such token; a sampled one (a draft model's) just after it, where
+        verifying rejects it (cutting a draw before a token drawn for it would bias what is
+        emitted there: the residual of speculative sampling is what keeps it exact).
+        ``estimate``: each candidate token's acceptance, in place of the acceptance model's (the
+        replay's perfect estimates)."""
+        def admit(cand: Candidate) -> Optional[Candidate]:
+            cand = _until_end(cand, self.ends)
+            if constraint is None:
+                return cand
+            return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
         limits = replace(limits, length=len(tokens))
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         candidates: List[Candidate] = []
@@ -73,7 +85,7 @@ class Speculator:
             for source in self.sources:
                 if not source.expensive:
                     proposal = source.propose(tokens, budget, sampling, rng)
-                    candidates += [_until_end(c, self.ends) for c in proposal.candidates]
+                    candidates += [c for c in map(admit, proposal.candidates) if c is not None]
                     rider = proposal.rider or rider
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
@@ -94,8 +106,7 @@ class Speculator:
             for n, seconds in proposal.decodes:
                 self.costs.observe(source.name, n, seconds, limits.length)
             sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes), limits.length)
-            for cand in proposal.candidates:
-                cand = _until_end(cand, self.ends)
+            for cand in filter(None, map(admit, proposal.candidates)):
                 candidates.append(cand)
                 rates.append(rate_of(cand))
             choice = self.planner.choose(candidates, rates, rider, limits, sunk)
@@ -116,6 +127,14 @@ def _until_end(cand: Candidate, ends: FrozenSet[int]) -> Candidate:
     """``cand`` up to and with its first token in ``ends``."""
     for i, token in enumerate(cand.tokens):
         if token in ends:
-            return replace(cand, tokens=cand.tokens[:i + 1], evidence=cand.evidence[:i + 1],
-                           q=cand.q[:i + 1] if cand.q is not None else None)
+            return _cut(cand, i + 1)
     return cand
+
+
+def _cut(cand: Candidate, n: int) -> Optional[Candidate]:
+    """The first ``n`` tokens of ``cand`` (None for none)."""
+    if n <= 0:
+        return None
+    if n >= len(cand.tokens):
+        return cand
+    return replace(cand, tokens=cand.tokens[:n], evidence=cand.evidence[:n], q=cand.q[:n] if cand.q is not None else None)

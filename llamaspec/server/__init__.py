@@ -42,9 +42,10 @@ def check_address(host: str, port: int) -> None:
 
 
 def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
-          api_key: Optional[str] = None, parallel: int = 1) -> None:
+          api_key: Optional[str] = None, parallel: int = 1, grammar: Any = None) -> None:
     """Serve ``spec`` until interrupted, logging one line per request on stderr; ``parallel`` > 1:
-    that many requests decoded together (a Batcher)."""
+    that many requests decoded together (a Batcher); ``grammar``: the constraint of every request
+    that asks for none of its own."""
     require_server()
     import uvicorn
 
@@ -57,7 +58,7 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
     logger.setLevel(logging.INFO)
     batcher = spec.batcher(parallel) if parallel > 1 else None
     try:
-        uvicorn.run(create_app(spec, queue, api_key, batcher), host=host, port=port, log_level="warning",
+        uvicorn.run(create_app(spec, queue, api_key, batcher, grammar), host=host, port=port, log_level="warning",
                     access_log=False, timeout_graceful_shutdown=5)
     finally:
         if batcher is not None:

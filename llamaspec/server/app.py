@@ -131,9 +131,12 @@ def errors(app: FastAPI) -> None:
         return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
 
-def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None) -> FastAPI:
+def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None,
+               grammar: Any = None) -> FastAPI:
     """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health. With
-    ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it."""
+    ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it.
+    ``grammar``: the constraint of every request that asks for no format (response_format,
+    grammar, json_schema) of its own."""
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
     waiting = Queue(queue, batcher.parallel if batcher is not None else 1)
     errors(app)
@@ -157,21 +160,24 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
-        return await _answer(body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting, batcher)
+        return await _answer(body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting, batcher,
+                             grammar)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
-        return await _answer(body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher)
+        return await _answer(body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher, grammar)
 
     return RequestLog(app)
 
 
-async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any) -> Any:
+async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any, grammar: Any) -> Any:
     if batcher is not None and body.n > batcher.parallel:
         raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
                           f"(--parallel)")
     arguments = {**body.arguments(), "n": body.n, "batcher": batcher}
+    if grammar is not None and not any(arguments.get(k) for k in ("response_format", "grammar", "json_schema")):
+        arguments["grammar"] = grammar
     turn = waiting.admit()
     await turn.start()
     if not body.stream:

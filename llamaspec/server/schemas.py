@@ -50,12 +50,17 @@ class Sampling(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Optional[Dict[str, float]] = None
+    # the text's constraint: OpenAI's response_format, llama-server's grammar (GBNF) and json_schema
+    response_format: Optional[Dict[str, Any]] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[Dict[str, Any]] = None
 
     def sampling(self) -> Dict[str, Any]:
         """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                 "seed": self.seed, "stop": self.stop, "frequency_penalty": self.frequency_penalty,
-                "presence_penalty": self.presence_penalty, "logit_bias": self.logit_bias, "model": self.model}
+                "presence_penalty": self.presence_penalty, "logit_bias": self.logit_bias, "model": self.model,
+                "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema}
 
 
 class ChatRequest(Sampling):
@@ -64,14 +69,13 @@ class ChatRequest(Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
-    response_format: Optional[Dict[str, Any]] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
 
     def arguments(self) -> Dict[str, Any]:
         return {**self.sampling(), "messages": [m.model_dump() for m in self.messages],
                 "max_tokens": self.max_completion_tokens or self.max_tokens, "tools": self.tools,
-                "tool_choice": self.tool_choice, "response_format": self.response_format, "logprobs": self.logprobs,
+                "tool_choice": self.tool_choice, "logprobs": self.logprobs,
                 "top_logprobs": self.top_logprobs}
 
 

@@ -10,7 +10,7 @@ several) from two things::
     Loaded          what a LlamaSpec loaded once: configurations, n-gram cache files, a draft
                     model's sequences, the vocabulary's bytes
     TextContext     what one generation carries: its lane, its references, its sibling samples
-                    (later a request's grammar)
+                    and its grammar
 
 A need is met by one of the two. One that ``Loaded`` meets (a draft model, cache files) is
 checked when a LlamaSpec loads: a source named in ``--spec`` whose need is not met is an error.
@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from .base import Evidence, Source
 
 if TYPE_CHECKING:
+    from ..grammar import Constraint
     from .consensus import Siblings
     from .draft_model import DraftSequences
     from .ngram_cache import NgramCaches
@@ -40,6 +41,7 @@ class Need(Enum):
     DRAFT_MODEL = "a draft model (-md)"
     CACHE_FILES = "an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)"
     SIBLINGS = "several samples of one prompt decoded together"
+    GRAMMAR = "a grammar or JSON schema the text must follow"
 
 
 @dataclass(frozen=True)
@@ -61,20 +63,22 @@ class Loaded:
 @dataclass(frozen=True)
 class TextContext:
     """What one generation carries to its sources: the lane it is decoded on (its KV-cache
-    sequences), texts to copy from (tokens), and the board of its sibling samples with its own
-    index on it."""
+    sequences), texts to copy from (tokens), the board of its sibling samples with its own
+    index on it, and where its text is in its grammar (the engine advances it; sources read it)."""
 
     lane: int = 0
     references: Tuple[Tuple[int, ...], ...] = ()
     siblings: Optional["Siblings"] = None
     sample: int = 0
+    constraint: Optional["Constraint"] = None
 
     def meets(self) -> FrozenSet[Need]:
-        return frozenset({Need.SIBLINGS} if self.siblings is not None else set())
+        return frozenset(({Need.SIBLINGS} if self.siblings is not None else set())
+                         | ({Need.GRAMMAR} if self.constraint is not None else set()))
 
 
 # Needs a generation's context meets; the others are met, or not, once and for all at loading.
-PER_TEXT = frozenset({Need.SIBLINGS})
+PER_TEXT = frozenset({Need.SIBLINGS, Need.GRAMMAR})
 
 
 @dataclass(frozen=True)

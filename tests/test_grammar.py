@@ -1,0 +1,277 @@
+"""Constrained decoding without a model: a grammar over the fake target's letters (tests/fakes.py)
+followed through the engine, greedy and sampled, with candidates the grammar forbids; the walk
+of a trie whose branches are in different grammar states; the grammar as a draft source; and,
+on Qwen2.5's vocabulary, which texts a JSON schema allows (llama.cpp's conversion's)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy.stats import chisquare
+
+from llamaspec.cli import cli
+from llamaspec.config import SamplingConfig
+from llamaspec.engine.engine import walk
+from llamaspec.errors import GrammarError
+from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary
+from llamaspec.planning.costs import CostCurve
+from llamaspec.planning.trie import Trie
+from llamaspec.sampling import transform
+from llamaspec.sources import grammar as grammar_source
+from llamaspec.sources.base import Budget, Candidate
+from llamaspec.sources.lookup import LookupSource
+
+from fakes import EOS, V, FakeModel, check_kv, copying_prompt, logits_of
+from test_engine import GREEDY, Oracle, QDraft, engine
+
+# letters a-e and f-j in turn, at least one pair: the state depends on the text so far
+ALTERNATING = 'root ::= ([a-e] [f-j])+'
+VOCAB = GrammarVocabulary(FakeModel())
+
+
+def fake_constraint(gbnf: str = ALTERNATING) -> Constraint:
+    return Constraint(VOCAB, Grammar.gbnf(gbnf))
+
+
+def allowed_at(i: int) -> np.ndarray:
+    """ALTERNATING's tokens at generated position i (EOS too once a pair is complete)."""
+    ok = np.zeros(V, dtype=bool)
+    ok[0:5] = i % 2 == 0
+    ok[5:10] = i % 2 == 1
+    ok[EOS] = i % 2 == 0 and i > 0
+    return ok
+
+
+def constrained_greedy(prompt, n):
+    """Plain constrained greedy decoding of the fake target: the argmax among allowed tokens."""
+    text = list(prompt)
+    for i in range(n):
+        text.append(int(np.where(allowed_at(i), logits_of(text), -np.inf).argmax()))
+    return text[len(prompt):]
+
+
+def test_the_mask_follows_the_grammar_state():
+    c = fake_constraint()
+    for i, token in enumerate([0, 7, 4, 5]):
+        assert (c.allowed() == allowed_at(i)).all()
+        assert c.allows(token) and not c.allows((token + 5) % 10)
+        c.advance(token)
+    assert c.complete and c.valid([1, 6, 1]) == 3 and c.valid([1, 1]) == 1
+    row = np.arange(V, dtype=np.float32)
+    assert c.argmax(row) == EOS and np.isinf(c.mask(row)[5:]).sum() == 10  # f..o forbidden, EOS allowed
+    row[EOS] = -1
+    assert c.argmax(row) == 4
+    with pytest.raises(GrammarError, match="cannot follow"):
+        c.advance(9)
+
+
+def test_constrained_greedy_through_the_engine_is_plain_constrained_greedy():
+    """Lookup and an oracle of the unconstrained target propose tokens the grammar forbids; they
+    are cut before verification, never accepted, and the text is plain constrained greedy."""
+    prompt = copying_prompt()
+    eng, ctx = engine([LookupSource(), Oracle(k=6)])
+    text, constraint = [], fake_constraint()
+    for step in eng.steps(prompt, GREEDY, max_new=40, constraint=constraint):
+        text += step.tokens
+        check_kv(ctx, eng.tokens)
+    assert text == constrained_greedy(prompt, len(text)) and len(text) >= 40
+    assert text != eng_plain_text(prompt, len(text))  # the grammar changed the text
+
+
+def eng_plain_text(prompt, n):
+    eng, _ = engine([])
+    out = []
+    for step in eng.steps(prompt, GREEDY, max_new=n):
+        out += step.tokens
+    return out[:n]
+
+
+def test_a_trie_whose_branches_are_in_different_grammar_states_keeps_them_apart():
+    """After "a", the branch "b c" may go on with c only, the branch "d e" with e only. Rows
+    where the target's raw favourite is the other branch's letter: each branch's own state
+    decides, so the walk goes down b then c (the raw argmax e is forbidden after "a b")."""
+    gbnf = 'root ::= "a" ("b" "c"* | "d" "e"*)'
+    a, b, c, d, e = 0, 1, 2, 3, 4
+    trie = Trie.build(9, [Candidate((a, b, c), "x", (0, 0, 0)), Candidate((a, d, e), "y", (0, 0, 0))], [3, 3])
+    rows = np.zeros((len(trie), V), dtype=np.float32)
+    node = {tuple(trie.token[u] for u in trie.path(v)): v for v in range(len(trie))}
+    rows[node[()], a] = 5
+    rows[node[(a,)], b] = 5
+    rows[node[(a, b)], e] = 9  # forbidden after a b
+    rows[node[(a, b)], c] = 5
+    rows[node[(a, b, c)], e] = 9
+    rows[node[(a, b, c)], EOS] = 5
+    constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
+    path, token = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5, constraint)
+    assert [trie.token[v] for v in path] == [a, b, c] and token == EOS
+    unconstrained, _ = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5)
+    assert [trie.token[v] for v in unconstrained] == [a, b]  # without the grammar: e after a b
+    # the other branch: after "a d" only e, though the row favours c
+    rows[node[(a,)], d] = 7
+    rows[node[(a, d)], c] = 9
+    rows[node[(a, d)], e] = 5
+    constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
+    path, token = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5, constraint)
+    assert [trie.token[v] for v in path] == [a, d, e] and token == e and constraint.valid([e]) == 1
+
+
+def test_constrained_sampling_through_the_engine_is_exact():
+    """The first two tokens after the first are distributed as the constrained target's
+    p(x1) p(x2 | x1) (the grammar's mask, then the sampler), with a sampled draft of the
+    unconstrained target and lookup candidates verified together."""
+    prompt = [3, 5, 7, 3, 5, 8, 3, 5]
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    eng, ctx = engine([LookupSource(), QDraft()], sharp=False)
+    counts = collections.Counter()
+    n = 5000
+    for seed in range(n):
+        got = []
+        steps = eng.steps(prompt, sampling, seed, 3, constraint=fake_constraint())
+        for step in steps:
+            got += step.tokens
+            if len(got) >= 3:
+                break
+        steps.close()
+        counts[tuple(got[1:3])] += 1
+        check_kv(ctx, eng.tokens)
+
+    def p(text, i):
+        return transform(np.where(allowed_at(i), logits_of(text, sharp=False), -np.inf), sampling)
+    expected = collections.Counter()
+    first = p(prompt, 0)
+    for x0, p0 in zip(first.ids, first.probs):
+        second = p(prompt + [int(x0)], 1)
+        for x1, q1 in zip(second.ids, second.probs):
+            third = p(prompt + [int(x0), int(x1)], 2)
+            for x2, q2 in zip(third.ids, third.probs):
+                expected[(int(x1), int(x2))] += p0 * q1 * q2
+    pairs = list(itertools.product(range(V), repeat=2))
+    exp = np.array([expected[pq] * n for pq in pairs])
+    obs = np.array([counts[pq] for pq in pairs])
+    assert obs[exp == 0].sum() == 0  # nothing the grammar forbids
+    keep = exp >= 5
+    stat = chisquare(np.append(obs[keep], obs[~keep].sum()), np.append(exp[keep], exp[~keep].sum()) * n / exp.sum())
+    assert stat.pvalue > 1e-3
+
+
+def test_the_grammar_source_proposes_what_the_grammar_forces_and_it_is_verified_in_one_step():
+    constraint = fake_constraint('root ::= "bcdef" [a-e]+')
+    source = grammar_source.GrammarSource(constraint)
+    proposal = source.propose([1], Budget(16), GREEDY, np.random.default_rng(0))
+    (cand,) = proposal.candidates
+    assert cand.tokens[:4] == (1, 2, 3, 4) and cand.source == "grammar"
+    assert set(cand.evidence) <= set(grammar_source.PLUGIN.priors)
+    assert not source.propose([1], Budget(0), GREEDY, np.random.default_rng(0)).candidates
+    eng, ctx = engine([grammar_source.GrammarSource(constraint)], curve=CostCurve.flat())
+    steps = [s.tokens for s in eng.steps([7, 8, 9], GREEDY, max_new=12, constraint=constraint)]
+    assert steps[0] == [1]  # the prompt's row: the grammar allows b alone
+    assert steps[1][:4] == [2, 3, 4, 5]  # c d e f forced, verified in one decode
+    assert ctx.decodes[1] >= 5
+
+
+def test_a_grammar_that_does_not_parse_is_one_line():
+    for bad, fragment in [('root ::= foo', "Rule 'foo' not found"), ('x ::= "a"', "No 'root' rule"),
+                          ('', "empty")]:
+        with pytest.raises(GrammarError, match=fragment) as e:
+            Grammar.gbnf(bad)
+        assert "\n" not in str(e.value)
+    for bad, fragment in [('{"type": "objec"}', "unknown type 'objec'"), ('[1]', "is an object"),
+                          ('{"type": "string", "format": "bogus"}', "Unknown format: bogus"),
+                          ('{"$ref": "#/$defs/x"}', "points to nothing"), ('{bad', "is not JSON"),
+                          ('{"type": "object", "properties": {"a": {}}, "required": ["b"]}', "requires 'b'")]:
+        with pytest.raises(GrammarError, match=fragment) as e:
+            Grammar.json_schema(bad)
+        assert "\n" not in str(e.value) and "start:" not in str(e.value)
+    with pytest.raises(GrammarError, match="LlamaGrammar"):
+        Grammar.of(42)
+
+
+def test_the_cli_checks_a_schema_before_loading_a_model(tmp_path):
+    runner = CliRunner()
+    for args, fragment in [(["-j", '{"type": "objec"}'], "unknown type 'objec'"),
+                           (["--grammar", "root ::= foo"], "Rule 'foo' not found"),
+                           (["--grammar-file", str(tmp_path / "none.gbnf")], "none.gbnf"),
+                           (["-j", "{}", "--json-mode"], "not --json-schema and --json-mode")]:
+        result = runner.invoke(cli, ["generate", "-m", str(tmp_path / "no-such-model.gguf"), "-p", "hi", *args])
+        assert result.exit_code != 0 and fragment in result.output, result.output
+        assert "no-such-model" not in result.output  # failed before loading
+
+
+# --- JSON schemas on Qwen2.5's vocabulary --------------------------------------------------------
+
+S1 = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}, "d": {"type": "string"},
+                                       "c": {"type": "string"}}, "required": ["a", "b"]}
+LIST = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+NODE = {"$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+    "required": ["v", "next"]}}, "$ref": "#/$defs/node"}
+# (schema, text, allowed): whitespace only where llama.cpp's conversion puts its space rule
+CASES = [
+    (S1, '{"b": "x", "a": "y"}', True), (S1, '{"b":"x","a":"y","c":"z"}', True),
+    (S1, '{"b":"x","a":"y","d":"z","c":"w"}', True), (S1, '{"b":"x","a":"y","c":"z","d":"w"}', False),
+    (S1, '{"a":"y","b":"x"}', False), (S1, '{ "b" : "x" ,"a":"y"}', False), (S1, '{ "b" : "x","a":"y"\n}', True),
+    (S1, '{"b": "x", "a": "y"} ', False), (S1, '{"b": "x", "a": "y", "e": "q"}', False),
+    (S1, '{\n\n\t"b": "x", "a": "y"}', True), (S1, '{\n\n\n"b": "x", "a": "y"}', False),
+    ({"type": "object"}, '{"x": [1, 2.5, {"y": null}], "z": true}', True), ({"type": "object"}, '{"x" : 1}', False),
+    (LIST, '[1, 2, 3]', True), (LIST, '[1, 2, 3, 4]', False), (LIST, '[]', False),
+    ({"type": "array", "items": {"type": "integer"}, "maxItems": 3}, '[ ]', True),
+    ({"enum": ["red", "green", 3, None]}, '"green"', True), ({"enum": ["red", "green", 3, None]}, '3', True),
+    ({"enum": ["red", "green"]}, '"blue"', False),
+    ({"type": "string", "maxLength": 3}, '"abc"', True), ({"type": "string", "maxLength": 3}, '"abcd"', False),
+    ({"type": "integer", "minimum": 1, "maximum": 10}, '7', True),
+    ({"type": "integer", "minimum": 1, "maximum": 10}, '11', False),
+    ({"type": "string", "format": "date"}, '"2024-01-31"', True),
+    (NODE, '{"v": 1, "next": {"v": 2, "next": null}}', True), ({"type": ["string", "null"]}, 'null', True),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"a": 1, "b": 2}', True),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"a": "x"}', False),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True},
+     '{"a": 1, "b": "x"}', True),
+    ({"type": "object", "properties": {"t": {"prefixItems": [{"type": "string"}, {"type": "integer"}],
+                                             "items": False}}, "required": ["t"]}, '{"t": ["a", 1]}', True),
+    ({"type": "number"}, '-1.5e10', True), ({"type": "number"}, '01', False),
+    ({"type": "string"}, '"a\\/b"', False), ({"type": "string"}, '"a\\nb"', True),
+    ({"const": {"k": [1, 2]}}, '{"k":[1,2]}', True), ({"const": {"k": [1, 2]}}, '{"k": [1, 2]}', False),
+]
+
+
+@pytest.mark.parametrize("schema,text,allowed", CASES)
+def test_a_json_schema_allows_what_llama_cpp_s_conversion_allows(qwen_vocab, schema, text, allowed):
+    c = Constraint(grammar_vocabulary(qwen_vocab), Grammar.json_schema(schema))
+    tokens = qwen_vocab.tokenize(text, add_special=False, parse_special=False)
+    whole = c.valid(tokens) == len(tokens)
+    if whole:
+        for t in tokens:
+            c.advance(t)
+    assert (whole and c.complete) == allowed, json.dumps(schema)
+
+
+_VOCABS = {}
+
+
+def grammar_vocabulary(model) -> GrammarVocabulary:
+    if id(model) not in _VOCABS:
+        _VOCABS[id(model)] = GrammarVocabulary(model)
+    return _VOCABS[id(model)]
+
+
+def test_the_grammar_source_s_keys_have_priors_on_a_real_vocabulary(qwen_vocab):
+    """Along a JSON text, the grammar source proposes the keys' forced tokens, with keys its
+    plugin declares a prior for."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "address": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "address"]}
+    text = '{\n  "name": "Ada",\n  "address": {\n    "city": "London"\n  }\n}'
+    c = Constraint(grammar_vocabulary(qwen_vocab), Grammar.json_schema(schema))
+    source = grammar_source.GrammarSource(c)
+    keys, proposed = set(), []
+    for t in qwen_vocab.tokenize(text, add_special=False, parse_special=False):
+        for cand in source.propose([t], Budget(8), GREEDY, np.random.default_rng(0)).candidates:
+            keys |= set(cand.evidence)
+            proposed.append(qwen_vocab.detokenize(cand.tokens))
+        c.advance(t)
+    assert keys and keys <= set(grammar_source.PLUGIN.priors)
+    assert any(p.startswith("address") for p in proposed) and any(p.startswith("city") for p in proposed)
