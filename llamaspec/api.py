@@ -18,7 +18,7 @@ from .sources.base import Source
 from .sources.draft_model import NAME as DRAFT, DraftSequences
 from .sources.registry import Loaded, Need, Registry, TextContext
 from .sources import default_registry
-from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
+from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig, prompt_bytes
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
 from .grammar import GrammarVocabulary
@@ -88,6 +88,10 @@ class LlamaSpec:
                 check_compatible(self.model, self.draft_model)
             if caches is not None:
                 caches.validate_vocab(self.model.n_vocab)
+            if target.n_ctx > self.model.n_ctx_train > 0:
+                warnings.warn(f"the context ({target.n_ctx} tokens) exceeds the {self.model.n_ctx_train} "
+                              f"{self.model.path.name} was trained on: expect worse text past that", LlamaspecWarning,
+                              stacklevel=2)
             self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
@@ -260,7 +264,8 @@ class LlamaSpec:
 
     def _chat_tokens(self, messages: Sequence[Message]) -> List[int]:
         for m in messages:
-            _utf8(str(m.get("content", "")), f"the {m.get('role', '')} message")
+            self._fits(_utf8(str(m.get("content", "")), f"the {m.get('role', '')} message"),
+                       f"the {m.get('role', '')} message")
         return self.model.tokenize(self.format_chat(messages), add_special=False, parse_special=True)
 
     def stream(self, prompt: Prompt, **options: Any) -> Stream:
@@ -272,6 +277,8 @@ class LlamaSpec:
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
         with self._lock:
             self._check_open()
+            if isinstance(prompt, str):
+                self._fits(prompt, "the prompt")
             tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             if not tokens or (isinstance(prompt, str) and not prompt.strip()):
                 raise PromptError("the prompt is empty")
@@ -279,6 +286,13 @@ class LlamaSpec:
             if bad:
                 raise PromptError(f"token {bad[0]} is not in the vocabulary of {self.model.n_vocab} tokens")
             return tokens
+
+    def _fits(self, text: str, what: str) -> None:
+        """PromptError, before tokenizing, for a text too long for the context whatever its tokens."""
+        limit = prompt_bytes(self.ctx.n_ctx)
+        if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise PromptError(f"{what} is {len(text.encode('utf-8', 'surrogatepass')):,} bytes: more than a context "
+                              f"of {self.ctx.n_ctx} tokens can hold; shorten it or raise the context size (n_ctx)")
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
         with self._lock:

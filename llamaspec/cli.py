@@ -25,10 +25,10 @@ from .measure.agreement import agreement as agreement_run, format_report
 from .api import MAX_SAMPLES, LlamaSpec
 from .measure import (PROGRAMS, STRATEGIES, SUITES, BenchSettings, SuitePrompt, format_columns, load_suite, matched,
                     require_matplotlib, run_bench, run_compare, write_plot)
-from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
-                     SpecConfig, default_threads)
+from .config import (MAX_TEXT_BYTES, DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig,
+                     SamplingConfig, SpecConfig, check_readable, default_threads, prompt_bytes)
 from .planning.costs import CostCurve, CostModel, cached_curve
-from .errors import LlamaspecError, LlamaspecWarning
+from .errors import ConfigError, LlamaspecError, LlamaspecWarning
 from .grammar import Grammar
 from .engine.generation import Result, make_config
 from .sources.registry import Loaded, TextContext
@@ -224,9 +224,8 @@ def _grammar_option(o: dict) -> Optional[Grammar]:
                                f"{' and '.join('--' + g.replace('_', '-') for g in given)}")
     if o["json_schema"]:
         text = o["json_schema"]
-        path = Path(text)
-        if not text.lstrip().startswith("{") and path.is_file():
-            text = _read(path, "JSON schema file ")
+        if not text.lstrip().startswith("{"):  # not a schema's text: a file holding one
+            text = _read(Path(text), "JSON schema file ")
         return Grammar.json_schema(text)
     if o["json_mode"]:
         return Grammar.json()
@@ -237,16 +236,25 @@ def _grammar_option(o: dict) -> Optional[Grammar]:
     return None
 
 
-def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
+def _read_prompt(prompt: Optional[str], file: Optional[Path], n_ctx: int) -> str:
+    """The prompt of -p, -f or stdin; a file or stdin longer than a context of ``n_ctx`` tokens
+    could hold is refused before it is read (stdin: after that many bytes)."""
     if prompt is not None and file is not None:
         raise click.UsageError("give the prompt with -p or -f, not both")
+    limit = prompt_bytes(n_ctx)
     if file is not None:
-        return _read(file, "prompt file ")
+        return _read(file, "prompt file ", limit)
     if prompt is not None:
         return _utf8_option(prompt, "the prompt (-p)")
     if sys.stdin is None or sys.stdin.isatty():
         raise click.UsageError("no prompt: give -p TEXT, -f FILE or pipe it on stdin")
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    if hasattr(sys.stdin, "buffer"):
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        data = sys.stdin.read(limit + 1).encode("utf-8", "surrogateescape")
+    if len(data) > limit:
+        raise click.UsageError(f"the prompt on stdin is longer than {limit:,} bytes, more than a context of "
+                               f"{n_ctx} tokens can hold (-c)")
     return _decode(data, "stdin")
 
 
@@ -280,7 +288,7 @@ def generate(prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json
     allow (--spec auto); --spec none decodes plainly. SIGINT or SIGTERM ends it early with what
     was generated (--json: the partial result, stop reason "interrupted"), exit code 130 or 143.
     With --samples N, N samples are decoded together; each is printed under a header line."""
-    text = _read_prompt(prompt, file)
+    text = _read_prompt(prompt, file, o["n_ctx"])
     gen = _generation_options(o)
     if not text.strip():
         raise click.UsageError("the prompt is empty")
@@ -375,6 +383,8 @@ def chat(system: str, no_stats: bool, **o: Any) -> None:
 
     With no --model it uses the default pair from models.txt (fetched on first use).
     """
+    if click.get_current_context().get_parameter_source("max_tokens") == click.core.ParameterSource.DEFAULT:
+        o["max_tokens"] = -1  # a reply goes on to its end (or the context's), as llama-cli's does
     gen = _generation_options(o)
     system = _utf8_option(system, "--system")
     with _load(o, default_draft=True) as spec:
@@ -708,7 +718,12 @@ def compare_command(prompt: Optional[str], file: Optional[Path], prompt_name: st
         _write(json_file, json.dumps(asdict(report), indent=1) + "\n")
 
 
-def _read(path: Path, what: str = "") -> str:
+def _read(path: Path, what: str = "", limit: int = MAX_TEXT_BYTES) -> str:
+    """A text file's text: a regular file of at most ``limit`` bytes, UTF-8 (checked before reading)."""
+    try:
+        check_readable(path, limit, (what or "file ").strip())
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
     try:
         data = Path(path).read_bytes()
     except OSError as e:

@@ -16,6 +16,7 @@ carry llama-server's ``timings`` object. ``n`` choices are n samples decoded tog
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -38,12 +39,14 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
                       mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                       stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
                       logit_bias: Optional[Dict[str, float]] = None, n: int = 1, response_format: Any = None,
-                      json_schema: Any = None, batcher: Any = None) -> Union[Response, Iterator[Response]]:
+                      json_schema: Any = None, batcher: Any = None,
+                      abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
     """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
     ``llama_cpp.Llama.create_completion`` returns it; with ``n`` > 1, n choices (samples decoded
     together, as OpenAI's ``n``). With a ``batcher`` (LlamaSpec.batcher) the request is decoded
     beside the batcher's other requests. ``response_format`` and ``json_schema``: as for chat
-    (llama-server takes them for completions too)."""
+    (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
+    answer any more (the server's client left); the generation stops at its next step."""
     refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
@@ -55,7 +58,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules))
     if stream:
         return _completion_chunks(events, n, head)
-    results = _results(events, n)
+    results = _results(events, n, abandoned)
     return {**head, "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": finish_reason(r)}
                                 for i, r in enumerate(results)], **_totals(results)}
 
@@ -82,15 +85,16 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
                            mirostat_eta: float = 0.1, model: Optional[str] = None, logits_processor: Any = None,
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
-                           trim: bool = False, n: int = 1, json_schema: Any = None,
-                           batcher: Any = None) -> Union[Response, Iterator[Response]]:
+                           trim: bool = False, n: int = 1, json_schema: Any = None, batcher: Any = None,
+                           abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
     ``trim`` leaves its oldest turns out. ``response_format``, ``grammar`` and ``json_schema``
-    (llama-server's field) constrain the reply (see ``requested_grammar``)."""
+    (llama-server's field) constrain the reply (see ``requested_grammar``). ``abandoned``: as in
+    create_completion."""
     refuse(functions=functions is not None, function_call=function_call is not None, tools=bool(tools),
-           tool_choice=tool_choice is not None, typical_p=typical_p != 1.0,
+           tool_choice=tool_choice not in (None, "none"), typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            logits_processor=logits_processor is not None, logit_bias=bool(logit_bias),
@@ -102,7 +106,7 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     events = _start(spec, batcher, tokens, n, opts)
     if stream:
         return _chat_chunks(events, n, head)
-    results = _results(events, n)
+    results = _results(events, n, abandoned)
     return {**head, "object": "chat.completion",
             "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
                          "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
@@ -137,6 +141,10 @@ class _One:
     def close(self) -> None:
         self.stream.close()
 
+    @property
+    def results(self) -> List[Result]:
+        return [self.stream.result] if self.stream.result is not None else []
+
 
 Events = Union[_One, RequestStream]
 
@@ -162,14 +170,19 @@ def _read(events: Events, n: int) -> Iterator[Tuple[int, Chunk, Response]]:
         yield i, chunk, totals
 
 
-def _results(events: Events, n: int) -> List[Result]:
+def _results(events: Events, n: int, abandoned: Optional[threading.Event] = None) -> List[Result]:
+    """Every choice's result; when ``abandoned`` is set, what each had (stop reason "interrupted")."""
     results: List[Optional[Result]] = [None] * n
     try:
         for i, chunk in events:
             if chunk.result is not None:
                 results[i] = chunk.result
+            if abandoned is not None and abandoned.is_set():
+                break
     finally:
         events.close()
+    if any(r is None for r in results):  # closed early: each choice as far as it got
+        return list(events.results)
     return [r for r in results if r is not None]
 
 

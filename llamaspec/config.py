@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
 
@@ -15,6 +16,31 @@ if TYPE_CHECKING:
 
 # llama.cpp rounds a smaller context up to this.
 MIN_CTX = 256
+# No token of a vocabulary llamaspec ships spells more than 128 bytes: a text longer than a
+# context's tokens times this cannot fit it, and is refused before it is read or tokenized.
+MAX_TOKEN_BYTES = 256
+# Text files read whole besides prompts (references, grammars, schemas), and n-gram cache files, at most.
+MAX_TEXT_BYTES = 64 << 20
+MAX_CACHE_BYTES = 1 << 30
+
+
+def prompt_bytes(n_ctx: int) -> int:
+    """The longest text (in bytes) that could fit a context of ``n_ctx`` tokens."""
+    return n_ctx * MAX_TOKEN_BYTES
+
+
+def check_readable(path: "os.PathLike[str] | str", limit: int, what: str) -> int:
+    """The size of ``path``, a regular file of at most ``limit`` bytes; ConfigError otherwise
+    (checked before reading: a device or a pipe would never end, a huge file would be read whole)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a device or a pipe is never read)")
+    if st.st_size > limit:
+        raise ConfigError(f"{what} {path} is {st.st_size:,} bytes; at most {limit:,} can be used here")
+    return st.st_size
 
 
 def default_threads() -> int:
@@ -75,7 +101,8 @@ class SamplingConfig:
         _check(math.isfinite(self.temperature) and self.temperature >= 0,
                f"temperature must be a finite number >= 0, got {self.temperature}")
         _check(math.isfinite(self.top_p) and math.isfinite(self.min_p), "top-p and min-p must be finite numbers")
-        _check(self.seed is None or 0 <= self.seed < 2**63, f"seed must be >= 0 (or -1: random), got {self.seed}")
+        _check(self.seed is None or 0 <= self.seed, f"seed must be >= 0 (or -1: random), got {self.seed}")
+        _check(self.seed is None or self.seed < 2**63, f"seed must be below 2**63, got {self.seed}")
         _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")

@@ -341,3 +341,81 @@ def test_chat_keeps_its_session_when_the_context_is_full(smol):
     assert "(the conversation no longer fit the context: left out its" in result.stderr
     assert result.stderr.count("auto: ") == 12
     assert "error" not in result.stderr
+
+
+# --- every input that is read is bounded; no traceback for any user input -------------------------
+
+def _exit_rusage(args, **kw):
+    """Run the llamaspec command; (seconds, peak resident MB of that process alone, stderr)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([console_script(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    err = proc.stderr.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode != 0, err
+    return time.monotonic() - t0, usage.ru_maxrss / 1024, err
+
+
+def test_a_2_gb_prompt_file_is_refused_before_it_is_read(smol, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:  # sparse: 2 GB that take no disk
+        f.truncate(2 << 30)
+    seconds, peak_mb, err = _exit_rusage(["generate", "-m", smol, "-f", str(big)])
+    assert err.startswith("error: prompt file") and "2,147,483,648 bytes; at most 1,048,576" in err, err
+    assert seconds < 10 and peak_mb < 500, (seconds, peak_mb)  # the interpreter's start included
+    t0 = time.monotonic()
+    assert_one_line_error(run("generate", "-m", smol, "-f", str(big)), "2,147,483,648 bytes")
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("flag", ["--reference", "--lookup-cache-static", "-f", "--grammar-file", "-j"])
+def test_a_device_is_never_read(smol, flag):
+    t0 = time.monotonic()
+    args = ["-p", A] if flag != "-f" else []
+    assert_one_line_error(run("generate", "-m", smol, *args, flag, "/dev/zero", "-n", "2"),
+                          "/dev/zero is not a regular file")
+    assert time.monotonic() - t0 < 2
+
+
+def test_stdin_longer_than_the_context_can_hold_is_refused_after_that_many_bytes(smol):
+    result = run("generate", "-m", smol, "-c", "256", input=b"word " * 20000)
+    assert_one_line_error(result, "the prompt on stdin is longer than 65,536 bytes")
+
+
+def test_a_python_prompt_too_long_for_the_context_is_refused_before_tokenizing(make_spec):
+    spec = make_spec(SMOL, n_ctx=256, spec="none")
+    t0 = time.monotonic()
+    with pytest.raises(PromptError, match="100,000,000 bytes: more than a context of 256 tokens"):
+        spec.generate("x" * 100_000_000, max_tokens=2)
+    with pytest.raises(PromptError, match="the user message is"):
+        spec.chat([{"role": "user", "content": "y" * 100_000_000}], max_tokens=2)
+    assert time.monotonic() - t0 < 5
+    # None where llama-cpp-python takes None: until a stop or the context's end; no stop strings
+    result = spec.generate(A, max_tokens=None, stop=None, temperature=0)
+    assert result.stop_reason in ("stop", "context") and len(result.tokens) > 16
+
+
+def test_a_read_only_cache_and_a_registry_that_is_not_utf8_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMASPEC_CACHE", "/proc/sys")  # a directory no one may write, root included
+    result = run("models", "fetch", SMOL)
+    assert_one_line_error(result, "cannot write to the model cache /proc/sys: ")
+    assert result.stderr.rstrip().endswith("; point LLAMASPEC_CACHE or --cache-dir at a writable directory")
+    registry = tmp_path / "models.txt"
+    registry.write_bytes("[caf\xe9]\nfile = x.gguf\n".encode("latin-1"))
+    monkeypatch.setenv("LLAMASPEC_MODELS", str(registry))
+    assert_one_line_error(run("models", "list"), f"model registry {registry} is not UTF-8 text (byte 0xe9")
+
+
+def test_a_context_beyond_the_training_context_warns(smol):
+    result = run("generate", "-m", smol, "-p", A, "-n", "2", "-c", "16384", "--spec", "none")
+    assert result.exit_code == 0, result.stderr
+    assert "warning: the context (16384 tokens) exceeds the 8192 SmolLM2-135M-Instruct.Q4_1.gguf was trained on" \
+        in result.stderr
+
+
+def test_chat_replies_to_the_end_not_to_256_tokens(smol):
+    ask = "Write a long story about a dragon, at least 1000 words.\n/exit\n"
+    result = run("chat", "-m", smol, "-c", "1024", "--temp", "0", input=ask)
+    assert result.exit_code == 0, result.stderr
+    n = int(re.search(r"auto: (\d+) tokens", result.stderr).group(1))
+    assert n > 256, result.stderr

@@ -369,6 +369,12 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "grammar": "root ::= foo"}, "Rule 'foo' not found"),
     ("/v1/completions", {"prompt": "hi", "json_schema": {"type": "object", "required": ["a"], "properties": {"b": {}}}},
      "requires 'a'"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": float("nan")},
+     "temperature: Input should be a finite number"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70}, "seed: Input should be less"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages.0.content: only text is supported"),
 ]
 
 
@@ -381,6 +387,50 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
     assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
     assert fragment in answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error"
     assert server.get("/health") == (200, {"status": "ok"})
+
+
+def test_completions_without_max_tokens_stop_at_16_as_openai_s_do_and_tool_choice_none_is_neutral(server):
+    status, answer = server.request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": None,
+                                                                "temperature": 0})
+    assert status == 200 and answer["usage"]["completion_tokens"] <= 16, answer
+    status, answer = server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", "max_tokens": 4})
+    assert status == 200, answer
+
+
+@pytest.mark.parametrize("kind", ["server", "parallel_server"])
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_turn(request, kind):
+    """A non-streaming client leaves (its timeout) during a long answer: the generation stops
+    within a step, and the next request is answered at once, not after the abandoned one's end."""
+    srv = request.getfixturevalue(kind)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    clients = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4 if kind == "parallel_server" else 1)]
+    for c in clients:
+        c.sendall(head + body)
+    time.sleep(1.0)  # their answers are under way
+    for c in clients:  # the clients' timeouts: they close without reading
+        c.close()
+    gone = time.monotonic()
+    status, answer = srv.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+    assert status == 200 and answer["choices"][0]["text"], answer
+    assert time.monotonic() - gone < 2.5
+
+
+def test_a_body_cut_short_is_one_log_line_and_no_traceback(smol):
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "1024")
+    try:
+        for _ in range(3):
+            c = socket.create_connection(("127.0.0.1", server.port))
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\"")
+            c.close()
+        time.sleep(0.5)
+        assert server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log and "Exception" not in log, log
+    assert len([line for line in log.splitlines() if "POST /v1/completions 400" in line]) == 3, log
 
 
 def test_unknown_routes_and_methods(server):

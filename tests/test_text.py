@@ -45,3 +45,14 @@ def test_utf8_split_across_tokens():
     s = TextStream()
     out = "".join(s.push(data[i:i + 1]) for i in range(len(data)))
     assert out + s.flush() == "héllo €"
+
+
+def test_a_text_ending_inside_a_character_leaves_it_out_not_as_a_replacement():
+    """A generation cut by max_tokens inside 🌆 (4 bytes): the finished text is held back while
+    more bytes can follow, and at the end the unfinished character is left out, never U+FFFD."""
+    ts = TextStream()
+    city = "🌆".encode()
+    assert ts.push(b"Sunset ") == "Sunset " and ts.push(city[:2]) == ""
+    assert ts.flush() == "" and ts.text == "Sunset " and ts.incomplete == 2
+    ts = TextStream()
+    assert ts.push(city[:3]) + ts.push(city[3:]) == "🌆" and ts.flush() == "" and ts.incomplete == 0

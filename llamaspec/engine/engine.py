@@ -103,8 +103,8 @@ class Step:
 def check_prompt(n_prompt: int, limit: int) -> None:
     """PromptError unless a prompt of ``n_prompt`` tokens leaves room to generate on a lane of ``limit``."""
     if n_prompt >= limit:
-        raise PromptError(f"the prompt has {n_prompt} tokens but the context holds {limit} per sequence; "
-                          f"raise the context size (-c) or shorten the prompt")
+        raise PromptError(f"the prompt has {n_prompt} tokens and the context holds {limit} per sequence, which "
+                          f"leaves no room to generate; raise the context size (-c) or shorten the prompt")
 
 
 @dataclass(eq=False)

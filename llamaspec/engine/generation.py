@@ -120,15 +120,17 @@ def random_seed() -> int:
 _SAMPLING = SamplingConfig()
 
 
-def make_config(max_tokens: int = GenerationConfig.max_tokens, stop: Union[str, Sequence[str]] = (),
+def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: Union[str, Sequence[str], None] = (),
                 temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
                 top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
                 seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
     ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
     ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
-    its JSON text; ``{"type": "object"}``: any JSON object), if given."""
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    its JSON text; ``{"type": "object"}``: any JSON object), if given. ``max_tokens`` None and
+    ``stop`` None mean what llama-cpp-python means: until a stop or a full context, no stop strings."""
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    max_tokens = -1 if max_tokens is None else max_tokens
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               seed=None if seed == -1 else seed)
     if grammar is not None and json_schema is not None:

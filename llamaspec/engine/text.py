@@ -20,6 +20,7 @@ class TextStream:
         self.text = ""
         self._emitted = 0
         self.stopped = False
+        self.incomplete = 0
 
     @property
     def released(self) -> str:
@@ -34,10 +35,13 @@ class TextStream:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """End of generation: return whatever was held back."""
+        """End of generation: return whatever was held back. A character whose bytes the
+        generation did not finish (it ended inside a multi-byte character) is left out, never
+        shown as U+FFFD; ``incomplete`` says how many bytes were."""
         if self.stopped:
             return ""
-        self.text += self._decoder.decode(b"", final=True)
+        self.incomplete = len(self._decoder.getstate()[0])
+        self._decoder.reset()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -112,6 +112,9 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read model registry {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"model registry {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
 
 
 def _parse(text: str, label: str) -> Tuple[configparser.ConfigParser, str]:
@@ -308,7 +311,8 @@ def fetch(
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise FetchError(f"cannot create the cache directory {directory}: {exc.strerror or exc}") from None
+        raise FetchError(f"cannot create the cache directory {directory}: {exc.strerror or exc}; point "
+                         f"LLAMASPEC_CACHE or --cache-dir at a writable directory") from None
     with _locked(directory / f"{entry.file}.lock"):  # a second fetch of this model waits, then reuses
         if _is_verified(final, entry):
             return final
@@ -335,8 +339,14 @@ def _fetch_locked(name: str, entry: ModelEntry, final: Path, progress: bool) -> 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created if missing) while inside: other processes
-    wait. The operating system releases it when the holder dies, even by kill -9."""
-    with open(path, "a+b") as f:
+    wait. The operating system releases it when the holder dies, even by kill -9. FetchError when
+    it cannot be created (a read-only cache)."""
+    try:
+        lock = open(path, "a+b")
+    except OSError as exc:
+        raise FetchError(f"cannot write to the model cache {path.parent}: {exc.strerror or exc}; point "
+                         f"LLAMASPEC_CACHE or --cache-dir at a writable directory") from None
+    with lock as f:
         if sys.platform == "win32":  # pragma: no cover
             import msvcrt
             while True:

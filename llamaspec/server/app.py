@@ -6,7 +6,8 @@ with every source it has, and one whose prompt extends the previous conversation
 caches. With a Batcher (``--parallel N``) the running requests are decoded together, each on a
 sequence that keeps its KV cache for the next request that starts alike. ``n`` choices are
 samples decoded together. Streams are server-sent
-events as OpenAI sends them; a client that disconnects mid-stream closes its generation at once.
+events as OpenAI sends them. A client that disconnects before its answer is complete, streamed
+or not, ends its generation within a step and frees its turn.
 Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (``errors`` below
 maps exceptions to status codes in one place); the server never answers bad input with a 500.
 """
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import completions
 from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchError
@@ -94,7 +96,11 @@ def parse(raw: bytes, model: Any) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
+        loc = [str(p) for p in first.get("loc", ())]
+        if loc[:1] == ["messages"] and loc[2:3] == ["content"]:  # not pydantic's union of both forms' errors
+            where = ".".join(loc[:3])
+            raise BadRequest(f"{where}: only text is supported (a string, or parts of type text)", where) from None
+        where = ".".join(loc)
         raise BadRequest(f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid"),
                          where or None) from None
 
@@ -114,6 +120,10 @@ def errors(app: FastAPI) -> None:
     async def http(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
         return error(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(ClientDisconnect)
+    async def cut_short(request: Request, exc: ClientDisconnect) -> JSONResponse:  # no one reads the answer
+        return error(400, "the client closed the connection before its body was complete", "invalid_request_error")
 
     @app.exception_handler(Busy)
     async def busy(request: Request, exc: Busy) -> JSONResponse:
@@ -160,18 +170,20 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
-        return await _answer(body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting, batcher,
-                             grammar)
+        return await _answer(request, body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting,
+                             batcher, grammar)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
-        return await _answer(body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher, grammar)
+        return await _answer(request, body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher,
+                             grammar)
 
     return RequestLog(app)
 
 
-async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any, grammar: Any) -> Any:
+async def _answer(request: Request, body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any,
+                  grammar: Any) -> Any:
     if batcher is not None and body.n > batcher.parallel:
         raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
                           f"(--parallel)")
@@ -182,7 +194,7 @@ async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher
     await turn.start()
     if not body.stream:
         try:
-            return JSONResponse(await run_in_threadpool(lambda: create(**arguments)))
+            return JSONResponse(await _unless_abandoned(request, lambda gone: create(abandoned=gone, **arguments)))
         finally:
             turn.end()
     try:
@@ -192,6 +204,27 @@ async def _answer(body: Any, create: Callable[..., Any], waiting: Queue, batcher
         raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return EventStream(_events(Chunks(chunks), turn, include_usage), media_type="text/event-stream")
+
+
+async def _unless_abandoned(request: Request, work: Callable[[threading.Event], Any]) -> Any:
+    """``work(gone)`` in a worker thread while the client is watched (the body is read, so the
+    next message its connection gives is its leaving): ``gone`` is set as soon as it disconnects,
+    and the generation reading it stops within a step (its turn is then free)."""
+    gone = threading.Event()
+    async with anyio.create_task_group() as group:
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+        group.start_soon(watch)
+        try:
+            result, failure = await run_in_threadpool(lambda: work(gone)), None
+        except Exception as e:  # raised below, not wrapped in the group's ExceptionGroup
+            result, failure = None, e
+        group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return result
 
 
 class EventStream(StreamingResponse):

@@ -35,14 +35,14 @@ class StreamOptions(BaseModel):
 class Sampling(BaseModel):
     """What both endpoints share. Defaults are llamaspec's (those of ``llamaspec generate``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: Optional[str] = None
     temperature: float = Field(_S.temperature, ge=0, le=2)
     top_p: float = Field(_S.top_p, gt=0, le=1)
     top_k: int = Field(_S.top_k, ge=0)  # llama.cpp's extension
     min_p: float = Field(_S.min_p, ge=0, le=1)  # llama.cpp's extension
-    seed: Optional[int] = Field(None, ge=-1)
+    seed: Optional[int] = Field(None, ge=-1, lt=2**63)
     stop: Union[str, List[str], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -81,11 +81,12 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: Union[str, List[int]]
-    max_tokens: Optional[int] = Field(16, ge=0)
+    max_tokens: Optional[int] = Field(16, ge=1)  # null: OpenAI's default, 16
     echo: bool = False
     suffix: Optional[str] = None
     logprobs: Optional[int] = None
 
     def arguments(self) -> Dict[str, Any]:
-        return {**self.sampling(), "prompt": self.prompt, "max_tokens": self.max_tokens, "echo": self.echo,
+        max_tokens = 16 if self.max_tokens is None else self.max_tokens
+        return {**self.sampling(), "prompt": self.prompt, "max_tokens": max_tokens, "echo": self.echo,
                 "suffix": self.suffix, "logprobs": self.logprobs}

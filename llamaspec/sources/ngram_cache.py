@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .base import Budget, Candidate, Proposal, Source
+from ..config import MAX_CACHE_BYTES, check_readable
 from .registry import Need, Plugin
 from ..config import SamplingConfig
 from ..errors import CacheFormatError, ConfigError
@@ -206,6 +207,11 @@ class NgramCache:
         """
         path = os.fspath(path)
         try:
+            if os.path.exists(path) or not missing_ok:
+                try:
+                    check_readable(path, MAX_CACHE_BYTES, "n-gram cache")
+                except ConfigError as exc:
+                    raise CacheFormatError(str(exc)) from None
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError as exc:
