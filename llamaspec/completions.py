@@ -46,7 +46,8 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     together, as OpenAI's ``n``). With a ``batcher`` (LlamaSpec.batcher) the request is decoded
     beside the batcher's other requests. ``response_format`` and ``json_schema``: as for chat
     (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
-    answer any more (the server's client left); the generation stops at its next step."""
+    answer any more (the server's client left, the server is shutting down); the generation stops
+    at its next step and the answer (or the stream's last chunks) says what it had."""
     refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
@@ -57,15 +58,16 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
             "model": model or spec.model_name}
     events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules))
     if stream:
-        return _completion_chunks(events, n, head)
+        return _completion_chunks(events, n, head, abandoned)
     results = _results(events, n, abandoned)
     return {**head, "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": finish_reason(r)}
                                 for i, r in enumerate(results)], **_totals(results)}
 
 
-def _completion_chunks(events: "Events", n: int, head: Response) -> Iterator[Response]:
+def _completion_chunks(events: "Events", n: int, head: Response,
+                       abandoned: Optional[threading.Event] = None) -> Iterator[Response]:
     try:
-        for i, chunk, totals in _read(events, n):
+        for i, chunk, totals in _read(events, n, abandoned):
             if chunk.result is not None:
                 yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": None,
                                             "finish_reason": finish_reason(chunk.result)}], **totals}
@@ -105,20 +107,21 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
     events = _start(spec, batcher, tokens, n, opts)
     if stream:
-        return _chat_chunks(events, n, head)
+        return _chat_chunks(events, n, head, abandoned)
     results = _results(events, n, abandoned)
     return {**head, "object": "chat.completion",
             "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
                          "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
 
 
-def _chat_chunks(events: "Events", n: int, head: Response) -> Iterator[Response]:
+def _chat_chunks(events: "Events", n: int, head: Response,
+                 abandoned: Optional[threading.Event] = None) -> Iterator[Response]:
     head = {**head, "object": "chat.completion.chunk"}
     try:
         for i in range(n):
             yield {**head, "choices": [{"index": i, "delta": {"role": "assistant"}, "logprobs": None,
                                         "finish_reason": None}]}
-        for i, chunk, totals in _read(events, n):
+        for i, chunk, totals in _read(events, n, abandoned):
             if chunk.text:
                 yield {**head, "choices": [{"index": i, "delta": {"content": chunk.text}, "logprobs": None,
                                             "finish_reason": None}]}
@@ -138,12 +141,11 @@ class _One:
     def __iter__(self) -> Iterator[Tuple[int, Chunk]]:
         return ((0, chunk) for chunk in self.stream)
 
+    def stop(self) -> None:
+        self.stream.stop()
+
     def close(self) -> None:
         self.stream.close()
-
-    @property
-    def results(self) -> List[Result]:
-        return [self.stream.result] if self.stream.result is not None else []
 
 
 Events = Union[_One, RequestStream]
@@ -157,11 +159,12 @@ def _start(spec: Any, batcher: Any, prompt: Union[str, List[int]], n: int, opts:
     return (batcher or spec).sample_stream(prompt, n, **opts)
 
 
-def _read(events: Events, n: int) -> Iterator[Tuple[int, Chunk, Response]]:
+def _read(events: Events, n: int, abandoned: Optional[threading.Event] = None) -> Iterator[Tuple[int, Chunk, Response]]:
     """(choice, chunk, totals): totals (usage and timings of every choice) with the last choice's
-    last chunk, else empty."""
+    last chunk, else empty. Once ``abandoned`` is set, the generation stops at its next step and
+    each choice's last chunk still comes (stop reason "interrupted")."""
     results: List[Optional[Result]] = [None] * n
-    for i, chunk in events:
+    for i, chunk in _until(events, abandoned):
         totals: Response = {}
         if chunk.result is not None:
             results[i] = chunk.result
@@ -171,19 +174,26 @@ def _read(events: Events, n: int) -> Iterator[Tuple[int, Chunk, Response]]:
 
 
 def _results(events: Events, n: int, abandoned: Optional[threading.Event] = None) -> List[Result]:
-    """Every choice's result; when ``abandoned`` is set, what each had (stop reason "interrupted")."""
+    """Every choice's result; once ``abandoned`` is set, what each had (stop reason "interrupted")."""
     results: List[Optional[Result]] = [None] * n
     try:
-        for i, chunk in events:
+        for i, chunk in _until(events, abandoned):
             if chunk.result is not None:
                 results[i] = chunk.result
-            if abandoned is not None and abandoned.is_set():
-                break
     finally:
         events.close()
-    if any(r is None for r in results):  # closed early: each choice as far as it got
-        return list(events.results)
     return [r for r in results if r is not None]
+
+
+def _until(events: Events, abandoned: Optional[threading.Event]) -> Iterator[Tuple[int, Chunk]]:
+    """``events``; once ``abandoned`` is set (nobody waits for the answer, the server is shutting
+    down), the generation stops at its next step and the remaining last chunks are read."""
+    stopped = False
+    for event in events:
+        yield event
+        if abandoned is not None and abandoned.is_set() and not stopped:
+            events.stop()
+            stopped = True
 
 
 def _totals(results: Sequence[Result]) -> Response:

@@ -5,6 +5,7 @@ queue, a client gone mid-stream, every bad input with its status and body, an AP
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -431,6 +432,40 @@ def test_a_body_cut_short_is_one_log_line_and_no_traceback(smol):
         log = server.stop()
     assert "Traceback" not in log and "Exception" not in log, log
     assert len([line for line in log.splitlines() if "POST /v1/completions 400" in line]) == 3, log
+
+
+def test_sigterm_ends_answers_under_way_with_their_last_chunk_and_exits_0(smol):
+    """SIGTERM while a stream and a whole answer are under way: the stream gets its final chunk
+    (finish_reason set) and [DONE], the whole answer comes back with what it had, and the
+    process exits 0 within 10 s."""
+    server = Server("-m", smol, "-t", str(THREADS), "-c", "2048", "--parallel", "2")
+    client = server.client()
+    whole = {}
+
+    def ask_whole():
+        whole["reply"] = client.completions.create(model="x", prompt="Once upon a time", max_tokens=1500,
+                                                   temperature=0)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(ask_whole)
+            finish, pieces = None, 0
+            for chunk in client.completions.create(model="x", prompt="The history of", max_tokens=1500,
+                                                   temperature=0, stream=True):
+                pieces += 1
+                if pieces == 5:
+                    signalled = time.monotonic()
+                    server.proc.send_signal(signal.SIGTERM)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            pending.result(timeout=30)
+        assert finish == "length" and pieces < 1000  # ended, not run to 1500 tokens
+        assert whole["reply"].choices[0].finish_reason == "length"
+        assert whole["reply"].usage.completion_tokens < 1500
+        assert server.proc.wait(timeout=10) == 0 and time.monotonic() - signalled < 10
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+        server.proc.communicate()
 
 
 def test_unknown_routes_and_methods(server):

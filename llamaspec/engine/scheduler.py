@@ -115,6 +115,12 @@ class RequestStream:
         """The request is over and read to its end (or closed)."""
         return self._ended
 
+    def stop(self) -> None:
+        """End the request at its next step; reading goes on to each sample's last chunk (its
+        result: what it had, stop reason "interrupted")."""
+        if not self.request.done.is_set():
+            self._cancel(self.request)
+
     def close(self, reason: str = "") -> None:
         """End the request now. With ``reason``, reading on raises StreamClosedError(reason)."""
         with self._lock:
@@ -149,6 +155,10 @@ class Stream:
         if chunk.result is not None:
             self._take(chunk.result)
         return chunk
+
+    def stop(self) -> None:
+        """End the generation at its next step; its last chunk, with the result, is still read."""
+        self._requests.stop()
 
     def close(self, reason: str = "") -> None:
         """End the generation now (its result: what was generated so far). With ``reason``,

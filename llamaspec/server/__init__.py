@@ -6,12 +6,19 @@ the request queue and the error mapping; ``schemas.py`` the request bodies.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
 import sys
-from typing import Any, Optional
+import threading
+from typing import Any, Iterator, Optional
 
 from ..errors import ConfigError
+
+# Seconds a stopping server waits for its connections before it cancels them (answers under way
+# end within a step of the signal, so this is only a bound).
+SHUTDOWN_SECONDS = 5
 
 INSTALL_HINT = "llamaspec serve needs the server extra: pip install 'llamaspec[server]'"
 
@@ -57,9 +64,33 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     batcher = spec.batcher(parallel) if parallel > 1 else None
+    draining = threading.Event()
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, whose stop (SIGTERM, SIGINT) first drains the app: answers under way
+        end at their next step and no new one starts; then the process exits 0 (uvicorn would
+        raise the signal again once stopped)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            draining.set()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    config = uvicorn.Config(create_app(spec, queue, api_key, batcher, grammar, draining), host=host, port=port,
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS)
     try:
-        uvicorn.run(create_app(spec, queue, api_key, batcher, grammar), host=host, port=port, log_level="warning",
-                    access_log=False, timeout_graceful_shutdown=5)
+        Server(config).run()
     finally:
         if batcher is not None:
             batcher.close()

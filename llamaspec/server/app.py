@@ -34,6 +34,8 @@ from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchErro
 from .schemas import ChatRequest, CompletionRequest
 
 log = logging.getLogger("llamaspec.server")
+# Seconds between checks, for an answer under way, that the server is stopping.
+DRAIN_CHECK = 0.1
 
 
 class Busy(Exception):
@@ -42,14 +44,17 @@ class Busy(Exception):
 
 class Queue:
     """Requests take turns in arrival order (asyncio.Semaphore serves its waiters first come,
-    first served), ``parallel`` at a time; at most ``size`` wait."""
+    first served), ``parallel`` at a time; at most ``size`` wait; none once ``closed`` is set."""
 
-    def __init__(self, size: int, parallel: int = 1) -> None:
+    def __init__(self, size: int, parallel: int = 1, closed: Optional[threading.Event] = None) -> None:
         self.size = size
         self.waiting = 0
         self._turn = asyncio.Semaphore(parallel)
+        self._closed = closed if closed is not None else threading.Event()
 
     def admit(self) -> "Turn":
+        if self._closed.is_set():
+            raise Busy("the server is shutting down")
         if self.waiting >= self.size:
             raise Busy(f"{self.waiting} requests are waiting already; try again later")
         self.waiting += 1
@@ -142,13 +147,15 @@ def errors(app: FastAPI) -> None:
 
 
 def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None,
-               grammar: Any = None) -> FastAPI:
+               grammar: Any = None, draining: Optional[threading.Event] = None) -> FastAPI:
     """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health. With
     ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it.
     ``grammar``: the constraint of every request that asks for no format (response_format,
-    grammar, json_schema) of its own."""
+    grammar, json_schema) of its own. Once ``draining`` is set (the server is stopping), new
+    requests get 503 and every answer under way ends at its next step, saying what it had."""
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
-    waiting = Queue(queue, batcher.parallel if batcher is not None else 1)
+    draining = draining if draining is not None else threading.Event()
+    waiting = Queue(queue, batcher.parallel if batcher is not None else 1, draining)
     errors(app)
 
     @app.middleware("http")
@@ -171,19 +178,19 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
         return await _answer(request, body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting,
-                             batcher, grammar)
+                             batcher, grammar, draining)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
         return await _answer(request, body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher,
-                             grammar)
+                             grammar, draining)
 
     return RequestLog(app)
 
 
 async def _answer(request: Request, body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any,
-                  grammar: Any) -> Any:
+                  grammar: Any, draining: threading.Event) -> Any:
     if batcher is not None and body.n > batcher.parallel:
         raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
                           f"(--parallel)")
@@ -194,11 +201,12 @@ async def _answer(request: Request, body: Any, create: Callable[..., Any], waiti
     await turn.start()
     if not body.stream:
         try:
-            return JSONResponse(await _unless_abandoned(request, lambda gone: create(abandoned=gone, **arguments)))
+            return JSONResponse(await _unless_abandoned(request, draining,
+                                                        lambda gone: create(abandoned=gone, **arguments)))
         finally:
             turn.end()
     try:
-        chunks = await run_in_threadpool(lambda: create(stream=True, **arguments))  # bad input fails here: 400
+        chunks = await run_in_threadpool(lambda: create(stream=True, abandoned=draining, **arguments))  # bad input: 400
     except BaseException:
         turn.end()
         raise
@@ -206,17 +214,25 @@ async def _answer(request: Request, body: Any, create: Callable[..., Any], waiti
     return EventStream(_events(Chunks(chunks), turn, include_usage), media_type="text/event-stream")
 
 
-async def _unless_abandoned(request: Request, work: Callable[[threading.Event], Any]) -> Any:
+async def _unless_abandoned(request: Request, draining: threading.Event,
+                            work: Callable[[threading.Event], Any]) -> Any:
     """``work(gone)`` in a worker thread while the client is watched (the body is read, so the
-    next message its connection gives is its leaving): ``gone`` is set as soon as it disconnects,
-    and the generation reading it stops within a step (its turn is then free)."""
+    next message its connection gives is its leaving): ``gone`` is set as soon as it disconnects
+    or the server starts draining, and the generation reading it stops within a step (its turn
+    is then free)."""
     gone = threading.Event()
     async with anyio.create_task_group() as group:
         async def watch() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
             gone.set()
+
+        async def drain() -> None:
+            while not draining.is_set():
+                await anyio.sleep(DRAIN_CHECK)
+            gone.set()
         group.start_soon(watch)
+        group.start_soon(drain)
         try:
             result, failure = await run_in_threadpool(lambda: work(gone)), None
         except Exception as e:  # raised below, not wrapped in the group's ExceptionGroup

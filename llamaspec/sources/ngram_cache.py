@@ -207,7 +207,7 @@ class NgramCache:
         """
         path = os.fspath(path)
         try:
-            if os.path.exists(path) or not missing_ok:
+            if os.path.exists(path):  # a missing file: the error below
                 try:
                     check_readable(path, MAX_CACHE_BYTES, "n-gram cache")
                 except ConfigError as exc:
