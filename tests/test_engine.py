@@ -301,17 +301,14 @@ class QDraft(Source):
         return Proposal((Candidate(tuple(toks), self.name, (5,) * len(toks), tuple(qs)),))
 
 
-def test_sampling_through_the_engine_is_exact():
-    """The first two tokens after the prompt's first are distributed as p(x1) p(x2 | x1), with a
-    sampled draft and deterministic lookup candidates verified together in one trie."""
-    prompt = [3, 5, 7, 3, 5, 8, 3, 5]  # lookup proposes 7 and 8 after "3 5"
-    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+def second_and_third_tokens(prompt_of, sampling, n, constraint_of=lambda: None) -> collections.Counter:
+    """How often each pair of the 2nd and 3rd tokens comes, over ``n`` seeds (prompt_of(seed)),
+    through the engine with lookup and a sampled draft, the KV cache checked after each text."""
     eng, ctx = engine([LookupSource(), QDraft()], sharp=False)
     counts = collections.Counter()
-    n = 6000
     for seed in range(n):
         got = []
-        steps = eng.steps(prompt + [int(seed % 2)], sampling, seed, 3)
+        steps = eng.steps(prompt_of(seed), sampling, seed, 3, constraint=constraint_of())
         for step in steps:
             got += step.tokens
             if len(got) >= 3:
@@ -319,6 +316,16 @@ def test_sampling_through_the_engine_is_exact():
         steps.close()
         counts[tuple(got[1:3])] += 1
         check_kv(ctx, eng.tokens)
+    return counts
+
+
+def test_sampling_through_the_engine_is_exact():
+    """The first two tokens after the prompt's first are distributed as p(x1) p(x2 | x1), with a
+    sampled draft and deterministic lookup candidates verified together in one trie."""
+    prompt = [3, 5, 7, 3, 5, 8, 3, 5]  # lookup proposes 7 and 8 after "3 5"
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    n = 6000
+    counts = second_and_third_tokens(lambda seed: prompt + [int(seed % 2)], sampling, n)
     # the first token comes from the prompt's row; the next two from one or two verify steps
     expected = collections.Counter()
     for last in (0, 1):

@@ -27,7 +27,7 @@ from llamaspec.sources.base import Budget, Candidate
 from llamaspec.sources.lookup import LookupSource
 
 from fakes import EOS, V, FakeModel, check_kv, copying_prompt, logits_of
-from test_engine import GREEDY, Oracle, QDraft, engine
+from test_engine import GREEDY, Oracle, engine, second_and_third_tokens
 
 # letters a-e and f-j in turn, at least one pair: the state depends on the text so far
 ALTERNATING = 'root ::= ([a-e] [f-j])+'
@@ -126,19 +126,8 @@ def test_constrained_sampling_through_the_engine_is_exact():
     unconstrained target and lookup candidates verified together."""
     prompt = [3, 5, 7, 3, 5, 8, 3, 5]
     sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    eng, ctx = engine([LookupSource(), QDraft()], sharp=False)
-    counts = collections.Counter()
     n = 5000
-    for seed in range(n):
-        got = []
-        steps = eng.steps(prompt, sampling, seed, 3, constraint=fake_constraint())
-        for step in steps:
-            got += step.tokens
-            if len(got) >= 3:
-                break
-        steps.close()
-        counts[tuple(got[1:3])] += 1
-        check_kv(ctx, eng.tokens)
+    counts = second_and_third_tokens(lambda seed: prompt, sampling, n, fake_constraint)
 
     def p(text, i):
         return transform(np.where(allowed_at(i), logits_of(text, sharp=False), -np.inf), sampling)
