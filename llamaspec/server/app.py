@@ -322,7 +322,10 @@ async def _events(chunks: Chunks, turn: Turn, include_usage: bool) -> AsyncItera
 
 
 class RequestLog:
-    """ASGI middleware: one line per request, when its response has been sent."""
+    """ASGI middleware: one line per request, when its response has been sent: its status, or
+    ``499 (client gone)`` when the client left before the whole response was sent (nginx's
+    code; uvicorn takes a client that half-closes its side after the request, such as ``nc -N``,
+    for gone too)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
@@ -331,16 +334,23 @@ class RequestLog:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
-        status = [0]
+        status, sent, gone = [0], [False], [False]
+
+        async def receiving() -> Dict[str, Any]:
+            message = await receive()
+            gone[0] = gone[0] or (message["type"] == "http.disconnect" and not sent[0])
+            return message
 
         async def sending(message: Dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent[0] = True
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(scope, receiving, sending)
         finally:
             client = scope.get("client") or ("-", 0)
-            log.info("%s %s %s %d %.2f s", client[0], scope["method"], scope["path"], status[0],
-                     time.perf_counter() - t0)
+            code = "499 (client gone)" if gone[0] else str(status[0])
+            log.info("%s %s %s %s %.2f s", client[0], scope["method"], scope["path"], code, time.perf_counter() - t0)
