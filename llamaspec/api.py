@@ -290,9 +290,12 @@ class LlamaSpec:
     def _fits(self, text: str, what: str) -> None:
         """PromptError, before tokenizing, for a text too long for the context whatever its tokens."""
         limit = prompt_bytes(self.ctx.n_ctx)
-        if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
-            raise PromptError(f"{what} is {len(text.encode('utf-8', 'surrogatepass')):,} bytes: more than a context "
-                              f"of {self.ctx.n_ctx} tokens can hold; shorten it or raise the context size (n_ctx)")
+        if 4 * len(text) <= limit:  # a character is at most 4 bytes: it fits, no need to count them
+            return
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise PromptError(f"{what} is {size:,} bytes: more than a context of {self.ctx.n_ctx} tokens can hold; "
+                              f"shorten it or raise the context size (n_ctx)")
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
         with self._lock:

@@ -14,9 +14,9 @@ The constrained target is the target's logits with the forbidden tokens removed,
 sampler chain (greedy: the argmax among allowed tokens), as llama.cpp's sampler with its grammar
 first. Once the grammar is complete it allows only the tokens that end a generation.
 
-A JSON schema allows the texts llama.cpp's conversion allows (``json_schema.py``). The matcher is llguidance's
-(a mask over 151,936 tokens in 0.03 ms where llama.cpp's grammar sampler takes 14 ms on the
-same CPU; see docs/design.md).
+A JSON schema allows the texts llama.cpp's conversion allows (``json_schema.py``). The matcher is
+llguidance's (a mask over 151,936 tokens and a step in 0.17 ms where llama.cpp's grammar sampler
+takes 12.4 ms on the same CPU; see docs/design.md).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import numpy as np
 
 from .errors import GrammarError
 from .json_schema import to_lark
-
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ class _Converter:
         rests: List[str] = []
         tail = ""
         for kv in reversed(kvs[1:]):  # rest_i: the optional ones after kv_i
-            tail = self.rule(f'("," sp {kv})? {tail}'.strip()) if tail else self.rule(f'("," sp {kv})?')
+            tail = self.rule(f'("," sp {kv})?' + (f" {tail}" if tail else ""))
             rests.insert(0, tail)
         options = [f"{kv} {rests[i]}" if i < len(rests) else kv for i, kv in enumerate(kvs)]
         return " | ".join(options)
@@ -211,10 +211,9 @@ class _Converter:
     def delegated(self, schema: Mapping[str, Any]) -> str:
         """The value by llguidance's JSON compiler, with llama.cpp's whitespace."""
         guided = {**schema, "x-guidance": {"whitespace_pattern": JSON_SPACE}}
-        if "$defs" in self.root or "definitions" in self.root:
-            for key in ("$defs", "definitions"):
-                if key in self.root and key not in guided:
-                    guided[key] = self.root[key]
+        for key in ("$defs", "definitions"):  # what its references point to
+            if key in self.root and key not in guided:
+                guided[key] = self.root[key]
         return self.rule(f"%json {json.dumps(guided)}")
 
 

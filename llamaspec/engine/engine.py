@@ -64,7 +64,7 @@ from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout, Trie
-from ..sampling import sample_at, transform
+from ..sampling import Distribution, sample_at, transform
 from ..sequences import common_prefix
 from ..sources.base import Outcome
 from .acceptance import walk_greedy, walk_sampled
@@ -359,13 +359,23 @@ class Engine:
                 ctx.truncate(common_prefix(ctx.tokens, text))
 
 
+def target_argmax(row: np.ndarray, constraint: Optional[Constraint]) -> int:
+    """The target's greedy token from its ``row``: among the tokens ``constraint`` allows, if any."""
+    return constraint.argmax(row) if constraint is not None else int(row.argmax())
+
+
+def target_distribution(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint]) -> Distribution:
+    """What the target samples from its ``row``: the sampler chain over the tokens ``constraint`` allows, if any."""
+    return transform(constraint.mask(row) if constraint is not None else row, sampling)
+
+
 def choose(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint],
            uniform: Callable[[], float]) -> int:
     """The target's token from its ``row`` alone (no candidate): greedy, its argmax; sampling, a
     draw at the position's ``uniform``; with a ``constraint``, among the tokens it allows."""
     if sampling.greedy:
-        return constraint.argmax(row) if constraint is not None else int(row.argmax())
-    return sample_at(transform(constraint.mask(row) if constraint is not None else row, sampling), uniform())
+        return target_argmax(row, constraint)
+    return sample_at(target_distribution(row, sampling, constraint), uniform())
 
 
 def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
@@ -379,22 +389,18 @@ def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.rando
     the next token at the end. A branch the walk leaves is never looked at, so no state of one
     branch reaches another, and a candidate token the grammar forbids is never the target's.
     """
-    if constraint is None:
-        if sampling.greedy:
-            return walk_greedy(trie.children, lambda v: int(logits[v].argmax()))
-        return walk_sampled(trie.children, trie.q, lambda v: transform(logits[v], sampling), rng, uniform)
-
     def row(v: int) -> np.ndarray:
-        if v:  # the walk entered v: its token is the text's
+        if constraint is not None and v:  # the walk entered v: its token is the text's
             constraint.advance(trie.token[v])
         return logits[v]
 
     if sampling.greedy:
-        path, token = walk_greedy(trie.children, lambda v: constraint.argmax(row(v)))
+        path, token = walk_greedy(trie.children, lambda v: target_argmax(row(v), constraint))
     else:
-        path, token = walk_sampled(trie.children, trie.q, lambda v: transform(constraint.mask(row(v)), sampling),
+        path, token = walk_sampled(trie.children, trie.q, lambda v: target_distribution(row(v), sampling, constraint),
                                    rng, uniform)
-    constraint.advance(token)
+    if constraint is not None:
+        constraint.advance(token)
     return path, token
 
 
