@@ -219,14 +219,15 @@ class _Converter:
 
 def _repeat(item: str, low: int, high: "int | None") -> str:
     """``low`` to ``high`` (None: any number of) ``item``s, comma-separated."""
-    more = ' ("," sp ' + item + ")"
     if high == 0:
         return ""
-    if low == 0:
-        tail = more + ("*" if high is None else f"{{0,{high - 1}}}" if high > 1 else "")
-        return f"({item}{tail if high != 1 else ''})?"
-    tail = more + ("*" if high is None else f"{{{low - 1},{high - 1}}}" if high > 1 else "")
-    return item + (tail if high != 1 else "")
+    after = max(low - 1, 0)  # items after the first, at least
+    if high is None:
+        count = f"{{{after},}}" if after else "*"
+    else:
+        count = f"{{{after},{high - 1}}}" if high > 1 else ""
+    run = item + (f' ("," sp {item}){count}' if count else "")
+    return run if low > 0 else f"({run})?"
 
 
 def _merged(parent: Mapping[str, Any], key: str, option: Any) -> Any:

@@ -208,6 +208,8 @@ CASES = [
     (S1, '{\n\n\t"b": "x", "a": "y"}', True), (S1, '{\n\n\n"b": "x", "a": "y"}', False),
     ({"type": "object"}, '{"x": [1, 2.5, {"y": null}], "z": true}', True), ({"type": "object"}, '{"x" : 1}', False),
     (LIST, '[1, 2, 3]', True), (LIST, '[1, 2, 3, 4]', False), (LIST, '[]', False),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, '[1]', False),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, '[1, 2, 3, 4, 5]', True),
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 3}, '[ ]', True),
     ({"enum": ["red", "green", 3, None]}, '"green"', True), ({"enum": ["red", "green", 3, None]}, '3', True),
     ({"enum": ["red", "green"]}, '"blue"', False),
