@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from .llama.binding import Context, Model, ModelPool, max_sequences, supports_gpu_offload
+from .llama.binding import Context, Model, ModelPool, gpus, max_sequences, supports_gpu_offload
 from .llama.chat import ChatTemplate, Message, fit
 from . import completions
 from .llama import models
@@ -386,9 +386,10 @@ def _warn_about(*configs: Optional[ModelConfig]) -> None:
         if cfg.threads > cores:
             warnings.warn(f"{cfg.threads} threads on {cores} cores: llama.cpp runs slower with more threads than "
                           f"cores", LlamaspecWarning, stacklevel=3)
-        if cfg.n_gpu_layers != 0 and not supports_gpu_offload():
-            warnings.warn("this llama-cpp-python was built without GPU support: the GPU layers are ignored "
-                          "(rebuild it with CMAKE_ARGS, see the README)", LlamaspecWarning, stacklevel=3)
+        if cfg.n_gpu_layers != 0 and not gpus():
+            why = ("found no GPU: the GPU layers run on the CPU" if supports_gpu_offload() else
+                   "was built without GPU support: the GPU layers are ignored (rebuild it with CMAKE_ARGS, see the README)")
+            warnings.warn(f"this llama-cpp-python {why}", LlamaspecWarning, stacklevel=3)
 
 
 def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup: Union[bool, LookupConfig] = False,

@@ -19,7 +19,7 @@ import click
 
 from .planning import costs
 from .llama import models
-from .llama.binding import Model
+from .llama.binding import Model, gpus
 from .planning.acceptance_model import AcceptanceModel
 from .measure.agreement import agreement as agreement_run, format_report
 from .api import MAX_SAMPLES, LlamaSpec
@@ -644,7 +644,8 @@ def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers
     cache_file = models.cache_dir(cache_dir) / "costs.json"
     curve = costs.profile(path, config.threads, config.n_ctx, config.n_gpu_layers, repeats, cache_file)
     deep = curve.deep_context if curve.deep is not None else 0
-    click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}, fastest of {repeats}, "
+    on = "".join(f", {d.name}: {d.description}" for d in gpus()) if curve.backend != "cpu" else ""
+    click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}{on}, fastest of {repeats}, "
                f"{curve.context} tokens in the KV cache" + (f" (and {deep}: the last two columns)" if deep else ""))
     cells = [("n", "ms per call", "relative cost", "tokens/s") + (("ms", "relative") if deep else ())]
     cells += [(str(n), f"{curve.ms(n):.2f}", f"{curve.cost(n):.2f}", f"{1000 * n / curve.ms(n):.1f}")

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Deque, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Deque, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 import gguf
 import numpy as np
@@ -97,6 +97,7 @@ class Model:
         self._vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
+        self.n_layer: int = ll.llama_model_n_layer(ptr)
         self._pieces: dict = {}
         self._eog: Optional[FrozenSet[int]] = None
 
@@ -327,11 +328,17 @@ class Context:
 
     # --- decoding -------------------------------------------------------------------
     def decode(self, batch: Optional[Batch] = None) -> None:
-        """Run llama_decode on ``batch`` (default: this context's own batch)."""
+        """Run llama_decode on ``batch`` (default: this context's own batch) to its end.
+
+        On a GPU llama_decode returns once the work is queued; waiting for it here (as reading a
+        row of logits would, right after) makes ``t_llama`` the decode's time, which the costs
+        learn from: without it, an H100 showed decodes at a tenth of their time."""
         b = batch or self.batch
         b._b.n_tokens = b.n_tokens
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ptr, b._b)
+        if rc == 0:
+            ll.llama_synchronize(self._ptr)
         self.t_llama += time.perf_counter() - t0
         if rc != 0:
             reasons = {1: "no free slot in the KV cache (context full)", 2: "aborted",
@@ -489,9 +496,71 @@ def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
+class Device(NamedTuple):
+    """A device this llama.cpp build can run a model on: ``name`` as ggml names it ("CPU",
+    "CUDA0", "MTL0"), ``description`` (the processor or card), ``kind``: one of DEVICE_KINDS."""
+
+    name: str
+    description: str
+    kind: str
+
+
+DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")  # ggml's enum ggml_backend_dev_type, in its order
+_device_api: Optional[ctypes.CDLL] = None
+
+
+def _devices_lib() -> ctypes.CDLL:
+    """ggml's device registry, reached through libllama, which links it (llama-cpp-python binds
+    none of it): dlsym searches a library's dependencies too."""
+    global _device_api
+    if _device_api is None:
+        lib = ll._lib
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_count.argtypes = []
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(lib, name).restype = ctypes.c_char_p
+            getattr(lib, name).argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_type.restype = ctypes.c_int
+        lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        _device_api = lib
+    return _device_api
+
+
+def devices() -> List[Device]:
+    """Every device of this build, in ggml's order (GPUs first, the CPU last)."""
+    _ensure_backend()
+    lib = _devices_lib()
+    found = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        kind = lib.ggml_backend_dev_type(dev)
+        found.append(Device((lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
+                            (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
+                            DEVICE_KINDS[kind] if 0 <= kind < len(DEVICE_KINDS) else "other"))
+    return found
+
+
+def gpus() -> List[Device]:
+    """The devices a model's layers can be offloaded to (dedicated or integrated GPUs)."""
+    return [d for d in devices() if d.kind in ("gpu", "igpu")]
+
+
 def backend_name(model: Model) -> str:
-    """"gpu" when this build can offload and the model asked for it, else "cpu"."""
-    return "gpu" if supports_gpu_offload() and model.n_gpu_layers != 0 else "cpu"
+    """Where the model's layers run, which is what its costs are measured and cached for: "cpu",
+    or the GPUs and how much of the model they hold ("CUDA0 (all layers)", "CUDA0 (12 of 28
+    layers)"): a partly offloaded model has a curve of its own."""
+    return offload_name([d.name for d in gpus()], model.n_gpu_layers, model.n_layer)
+
+
+def offload_name(gpu_names: Sequence[str], n_gpu_layers: int, n_layer: int) -> str:
+    """backend_name's rule. llama.cpp offloads the last n_gpu_layers layers, the output layer
+    counting as one more: all of the model runs there past n_layer of them."""
+    if not gpu_names or n_gpu_layers == 0:
+        return "cpu"
+    layers = "all layers" if n_gpu_layers < 0 or n_gpu_layers > n_layer else f"{n_gpu_layers} of {n_layer + 1} layers"
+    return f"{'+'.join(gpu_names)} ({layers})"
 
 
 # llama.cpp's quantization types by name (llama_ftype), as llama-quantize names them.
