@@ -48,7 +48,8 @@ def _row(**changes):
            "decode_tps_max": 1.0, "speedup": 1.0, "bound_share": 0.5, "accept": 0.0, "tokens_per_call": 1.0,
            "prompt_tps": 2.0, "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8,
            "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same",
-           "grammar_ms_per_token": 0.0}
+           "grammar_ms_per_token": 0.0, "depth": 0.0, "rows": 0.0, "branches": 0.0,
+           "python_share": 0.1}
     row.update(changes)
     return row
 

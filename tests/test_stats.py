@@ -4,13 +4,15 @@ from llamaspec.engine.engine import Step
 
 def test_record_step_counts_by_position_and_by_source():
     s = Stats()
-    s.record_step(Step([1, 2, 3], 3, {"lookup": 3, "lookahead": 1}, (("lookup", "lookahead"), ("lookup",)), depth=3))
-    s.record_step(Step([4], 1, {"lookup": 1}, (), depth=1))
+    s.record_step(Step([1, 2, 3], 3, {"lookup": 3, "lookahead": 1}, (("lookup", "lookahead"), ("lookup",)), depth=3,
+                       branches=2))
+    s.record_step(Step([4], 1, {"lookup": 1}, (), depth=1, branches=1))
     s.record_step(Step([5]))
     assert (s.n_predict, s.n_drafted, s.n_accept, s.n_target_calls) == (5, 4, 2, 3)
     assert s.drafted_by_pos == [2, 1, 1] and s.accepted_by_pos == [1, 1, 0]
     assert s.accept == 50.0 and s.accept_by_position == [0.5, 1.0, 0.0]
     assert abs(s.tokens_per_call - 5 / 3) < 1e-12
+    assert (s.speculative_steps, s.n_branches) == (2, 3)
     assert (s.sources["lookup"].drafted, s.sources["lookup"].accepted, s.sources["lookup"].steps) == (4, 2, 2)
     assert (s.sources["lookahead"].drafted, s.sources["lookahead"].accepted) == (1, 1)
     d = s.to_dict()

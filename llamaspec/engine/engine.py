@@ -83,7 +83,8 @@ class Step:
     ``tokens``: the new tokens, accepted candidate tokens first, then the target's own.
     ``drafted``: candidate tokens verified, per source (a token proposed by two sources counts
     for both); ``path_sources[i]``: the sources that proposed accepted token i; ``depth``: the
-    deepest verified candidate token; ``t_draft``: time an expensive source spent drafting.
+    deepest verified candidate token; ``t_draft``: time an expensive source spent drafting;
+    ``branches``: the verified trie's leaves.
     """
 
     tokens: List[int]
@@ -94,6 +95,7 @@ class Step:
     t_plan: float = 0.0
     t_draft: float = 0.0
     idle: Dict[str, str] = field(default_factory=dict)
+    branches: int = 0
 
     @property
     def n_accepted(self) -> int:
@@ -418,6 +420,7 @@ def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[T
     for v in range(1, len(trie)):
         for name in trie.sources(v, candidates):
             drafted[name] = drafted.get(name, 0) + 1
+    branches = sum(1 for v in range(1, len(trie)) if not trie.children[v])
     step = Step(accepted + [token], len(trie) - 1, drafted, path_sources, max(trie.depth), t_plan, plan.t_draft,
-                plan.idle)
+                plan.idle, branches)
     return outcome, step

@@ -193,7 +193,7 @@ class _Sample:
     collector: Collector
     speculator: Speculator
     admitted: float  # perf_counter when the request joined
-    busy: float  # seconds the contexts had spent in llama_decode by then
+    busy: float  # seconds the contexts had spent in llama_decode by then (by its first token, once read)
 
 
 class Scheduler:
@@ -256,6 +256,7 @@ class Scheduler:
             if sample.collector.stats.n_target_calls == 0:  # its first token: the prompt is read
                 sample.collector.stats.t_prompt = time.perf_counter() - sample.admitted
                 sample.collector.clock()
+                sample.busy = self._busy(sample.speculator)  # t_llama is of the generation loop, as t_decode
             chunk, kept = sample.collector.take(step)
             ln = self.engine.lanes[lane]
             if kept < len(step.tokens):  # drop what the step accepted past the stop

@@ -45,6 +45,7 @@ class Stats:
     t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
     t_grammar: float = 0.0  # of which, following the text's grammar (masks, checks, forced tokens)
     drafted_by_pos: List[int] = field(default_factory=list)  # steps that verified a token at depth i + 1
+    n_branches: int = 0  # branches of the verified tries (their leaves), summed over the steps
     accepted_by_pos: List[int] = field(default_factory=list)  # steps that accepted one there
     sources: Dict[str, SourceStats] = field(default_factory=dict)
     idle: Dict[str, str] = field(default_factory=dict)  # why an expensive source did not run, last time
@@ -72,6 +73,11 @@ class Stats:
         return max(0.0, 1 - self.t_llama / self.t_decode) if self.t_decode > 0 else 0.0
 
     @property
+    def speculative_steps(self) -> int:
+        """Target calls that verified at least one candidate token."""
+        return self.drafted_by_pos[0] if self.drafted_by_pos else 0
+
+    @property
     def accept_by_position(self) -> List[float]:
         """Share of steps verifying a token at depth i + 1 that accepted one there."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
@@ -87,6 +93,7 @@ class Stats:
         self.n_accept += n_accepted
         self.t_plan += step.t_plan
         self.t_draft += step.t_draft
+        self.n_branches += step.branches
         grow = step.depth - len(self.drafted_by_pos)
         if grow > 0:
             self.drafted_by_pos.extend([0] * grow)

@@ -38,7 +38,11 @@ def machine_info(spec: Any) -> Machine:
 
 
 def version() -> str:
-    return metadata.version("llamaspec")
+    try:
+        return metadata.version("llamaspec")
+    except metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH (scripts/gpu_check.sh)
+        return "not installed"
+
 
 
 @dataclass
@@ -80,6 +84,13 @@ class Row:
     peak_rss_mb: float
     output: str  # "same" | "differs from token I" | "not checked (sampling)"
     grammar_ms_per_token: float = 0.0  # following the schema (masks, checks, forced tokens), per emitted token
+    # what the planner chose, per target call that verified candidates: its deepest candidate
+    # token, its rows (candidate tokens) and its branches; and the share of the loop's time spent
+    # outside llama_decode (llamaspec's own work: planning, sources, sampling)
+    depth: float = 0.0
+    rows: float = 0.0
+    branches: float = 0.0
+    python_share: float = 0.0
 
 
 @dataclass
