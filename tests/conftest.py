@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import List, Tuple
 
@@ -15,11 +17,16 @@ from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, Mod
 from llamaspec.llama.binding import Context, Model, ModelPool
 from llamaspec.cli import cli
 
+# A suite started as a background job inherits SIGINT ignored, and so would the programs the
+# tests interrupt with it: give it back its default, which they inherit.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 QWEN = "qwen2.5-coder-1.5b-instruct"
 QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma-3-270m"
-THREADS = 2
+THREADS = int(os.environ.get("LLAMASPEC_TEST_THREADS", "2"))  # scripts/gpu_check.sh: the machine's cores
 
 
 def chatml(user: str) -> str:
@@ -64,9 +71,11 @@ def pool() -> ModelPool:
 
 
 def _spec(model_file, pool, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
-          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), registry=None, **draft_cfg) -> LlamaSpec:
-    tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS)
-    dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS) if draft else None
+          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), registry=None, ngl: int = 0,
+          **draft_cfg) -> LlamaSpec:
+    """``ngl``: layers of both models offloaded to the GPU."""
+    tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS, n_gpu_layers=ngl)
+    dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS, n_gpu_layers=ngl) if draft else None
     return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
                      lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool,
                      registry=registry)

@@ -18,7 +18,7 @@ NEAR_TIE = 0.5
 N_TOKENS = 128
 
 
-def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKENS):
+def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKENS, near_tie=NEAR_TIE):
     """Return (tokens compared, near-tie differences); fail on any other difference.
 
     Where the speculative output leaves the plain one, every speculative token is checked
@@ -30,7 +30,7 @@ def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKEN
         argmax, gap = ref.top2(prompt_tokens, spec_tokens)
         for i, (token, best, g) in enumerate(zip(spec_tokens, argmax, gap)):
             if token != best:
-                assert g < NEAR_TIE, f"{label}: token {i} is {token}, plain greedy gives {best} (gap {g:.3f})"
+                assert g < near_tie, f"{label}: token {i} is {token}, plain greedy gives {best} (gap {g:.3f})"
                 near_ties += 1
     print(f"{label}: compared {len(spec_tokens)} tokens, {near_ties} near-tie differences, "
           f"identical to the plain run: {spec_tokens == plain_tokens}")

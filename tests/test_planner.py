@@ -1,4 +1,8 @@
-"""The planner on synthetic cost curves: flat (a GPU), steep (a small CPU), non-monotone (no model)."""
+"""The planner on synthetic cost curves (flat: an ideal GPU; steep: a small CPU; non-monotone: no
+model) and on one measured on an H100 (tests/data/gpu_curve.json, by scripts/gpu_check.sh)."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,9 @@ from llamaspec.sampling import Distribution
 
 ROOMY = Limits(max_depth=64, max_rows=512, room=1000, max_leaves=8)
 GPU = CostCurve([1.0] * 32, 30.0, 2, "gpu")  # verifying n tokens costs what one does
+# SmolLM2-135M on an H100: one row 1.36 ms, 2 rows 3.2 times that (a single token's decode
+# replays a CUDA graph, a batch's does not), 32 rows 4.1 times
+H100 = CostCurve(**json.loads((Path(__file__).parent / "data" / "gpu_curve.json").read_text())["curve"])
 
 
 def _nodes(candidates, rates):
@@ -39,6 +46,14 @@ def test_a_flat_curve_verifies_long_drafts_and_wide_tries():
     choice = choose(GPU, cands, 0.6)
     assert choice.lengths == (20, 4, 2)  # everything: a row costs nothing
     assert choice.expected > 2 and choice.cost == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("rate, first", [(0.7, 16), (0.8, 17), (0.9, 25)])
+def test_the_measured_gpu_curve_verifies_a_long_draft_and_its_branches_or_nothing(rate, first):
+    """Past the second row a row costs little there: a step verifies long and wide, or not at all."""
+    cands = [cand(range(1, 31)), cand([1, 2, 30, 31]), cand([40, 41])]
+    assert choose(H100, cands, rate).lengths == (first, 4, 2)
+    assert choose(H100, cands, 0.5).lengths == (0, 0, 0)  # 2 tokens expected do not pay 3.2 decodes
 
 
 def test_a_steep_curve_verifies_short_drafts_or_none():
@@ -114,6 +129,15 @@ def test_the_draft_model_is_asked_on_a_flat_curve_and_idle_on_a_steep_one():
     budget, why = cpu.ask("draft", 0.9, 0, 16, [], [], None, ROOMY)
     assert budget is None
     assert why.startswith("draft idle: a drafted token costs 0.60 of a target token") and "expected at" in why
+
+
+@pytest.mark.parametrize("token, asked", [(0.05, True), (0.2, True), (0.5, False), (1.0, False)])
+def test_the_draft_model_is_asked_on_the_measured_gpu_curve_when_its_tokens_are_cheap(token, asked):
+    """A draft whose token costs a fifth of its target's drafts there; one that costs what its
+    target's does (SmolLM2 drafting for itself on the H100) stays idle."""
+    planner = Planner(CostModel(H100, {"draft": CostCurve(H100.relative, token * H100.ms_per_token, 16, H100.backend)}))
+    budget, why = planner.ask("draft", 0.9, 0, 16, [], [], None, ROOMY)
+    assert (budget is not None and budget.max_len == 16) == asked, why
 
 
 def test_the_price_of_a_row_is_the_rate_already_reached():

@@ -1,0 +1,85 @@
+"""Offloading a model to a GPU changes where its arithmetic runs, not what it says. With the
+layers offloaded (-ngl $LLAMASPEC_TEST_NGL, default -1: all of them):
+
+- speculative greedy text is the offloaded model's own one-token-at-a-time greedy text, but at
+  near-ties (a verify batch runs other kernels than a single token: test_greedy_real's rule);
+- plain greedy text is the CPU's, but at ties a little wider (CROSS_DEVICE): the GPU's kernels
+  round differently (on an H100, SmolLM2's Q4_1 left the CPU's text at logit gaps of 0.59 to
+  0.74, measured on the CPU);
+- the KV caches hold exactly the text after every step.
+
+scripts/gpu_check.sh runs this module on a CUDA build. On a build without a GPU llama.cpp
+ignores the offload (llamaspec warns) and the same checks run on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from llamaspec.llama.binding import backend_name, gpus
+
+from conftest import PROMPTS, SMOL, Reference
+from test_engine_real import generate_checked
+from test_greedy_real import N_TOKENS, check_greedy
+
+OFFLOAD = int(os.environ.get("LLAMASPEC_TEST_NGL", "-1"))
+CROSS_DEVICE = 1.0  # logit gap under which the GPU's greedy token may differ from the CPU's
+
+
+@pytest.fixture(scope="module")
+def offloaded(module_spec):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU here: the layers stay on the CPU
+        return {"plain": module_spec(SMOL, spec="none", ngl=OFFLOAD),
+                "self-draft": module_spec(SMOL, SMOL, spec="draft", fixed=("draft",), draft_max=6, ngl=OFFLOAD),
+                "auto": module_spec(SMOL, SMOL, ngl=OFFLOAD)}
+
+
+@pytest.fixture(scope="module")
+def offloaded_reference(model_file, pool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = Reference(pool.get(model_file(SMOL), OFFLOAD))
+    yield ref
+    ref.ctx.close()
+    pool.release(ref.model)
+
+
+def test_the_offloaded_models_run_where_asked(offloaded):
+    spec = offloaded["plain"]
+    expected = "cpu" if not gpus() or OFFLOAD == 0 else f"{'+'.join(d.name for d in gpus())} ("
+    assert backend_name(spec.model).startswith(expected)
+    assert backend_name(spec.model) == backend_name(offloaded["auto"].draft_model)
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+def test_offloaded_plain_text_is_the_cpus(offloaded, smol_plain, reference, i):
+    cpu = smol_plain.generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
+    gpu = offloaded["plain"].generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
+    compared, _ = check_greedy(reference(SMOL), smol_plain.tokenize(PROMPTS[i]), cpu.tokens, gpu.tokens,
+                               f"smollm2 plain, -ngl {OFFLOAD} against the CPU, prompt {i}", near_tie=CROSS_DEVICE)
+    assert compared == N_TOKENS
+
+
+@pytest.mark.parametrize("i", range(len(PROMPTS)))
+@pytest.mark.parametrize("strategy", ["self-draft", "auto"])
+def test_offloaded_speculation_is_the_offloaded_greedy_text(offloaded, offloaded_reference, strategy, i):
+    spec = offloaded[strategy]
+    plain = offloaded["plain"].generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
+    result = spec.generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
+    if strategy == "self-draft":
+        assert result.stats.n_drafted > 0 and result.stats.n_accept > 0
+    compared, _ = check_greedy(offloaded_reference, spec.tokenize(PROMPTS[i]), plain.tokens, result.tokens,
+                               f"smollm2 {strategy}, -ngl {OFFLOAD}, prompt {i}")
+    assert compared == N_TOKENS
+
+
+@pytest.mark.parametrize("strategy", ["self-draft", "auto"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_offloaded_kv_invariant_after_every_step(offloaded, strategy, temperature):
+    spec = offloaded[strategy]
+    result = generate_checked(spec, spec.tokenize(PROMPTS[2]), max_tokens=48, temperature=temperature, seed=1)
+    assert result.stats.n_predict == 48
