@@ -48,6 +48,26 @@ def check_address(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def _answering_half_closed() -> type:
+    """uvicorn's HTTP protocol (httptools where installed, else h11, as uvicorn chooses), but an
+    HTTP/1.0 client that closes its sending side after a whole request (``nc -N``) is answered,
+    as llama-server answers it; uvicorn would close the connection and take the client for gone.
+    A server cannot tell that from a client that closed its socket: an HTTP/1.1 client doing so
+    is gone (its generation stops within a step), and so is any client closing mid-request."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol  # type: ignore[assignment]
+
+    class AnsweringHalfClosed(Protocol):  # type: ignore[valid-type, misc]
+        def eof_received(self) -> bool:
+            cycle = self.cycle
+            return (cycle is not None and cycle.scope.get("http_version") == "1.0" and not cycle.more_body
+                    and not cycle.response_complete)  # True: keep the connection open to answer
+
+    return AnsweringHalfClosed
+
+
 def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
           api_key: Optional[str] = None, parallel: int = 1, grammar: Any = None) -> None:
     """Serve ``spec`` until interrupted, logging one line per request on stderr; ``parallel`` > 1:
@@ -88,7 +108,8 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
                     signal.signal(sig, handler)
 
     config = uvicorn.Config(create_app(spec, queue, api_key, batcher, grammar, draining), host=host, port=port,
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+                            http=_answering_half_closed())
     try:
         Server(config).run()
     finally:

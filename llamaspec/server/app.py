@@ -324,8 +324,7 @@ async def _events(chunks: Chunks, turn: Turn, include_usage: bool) -> AsyncItera
 class RequestLog:
     """ASGI middleware: one line per request, when its response has been sent: its status, or
     ``499 (client gone)`` when the client left before the whole response was sent (nginx's
-    code; uvicorn takes a client that half-closes its side after the request, such as ``nc -N``,
-    for gone too)."""
+    code)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
