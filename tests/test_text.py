@@ -1,3 +1,8 @@
+from types import SimpleNamespace
+
+from llamaspec import Stats
+from llamaspec.engine.engine import Step
+from llamaspec.engine.generation import Collector, make_config
 from llamaspec.engine.text import TextStream
 
 
@@ -45,6 +50,23 @@ def test_utf8_split_across_tokens():
     s = TextStream()
     out = "".join(s.push(data[i:i + 1]) for i in range(len(data)))
     assert out + s.flush() == "héllo €"
+
+
+def test_a_generation_ending_inside_a_character_reports_it_as_llama_server_does():
+    """Cut by max_tokens inside 🌆: no chunk shows its bytes (a stream of llama-server holds them
+    back), the whole text ends with one U+FFFD for them (as llama-server's whole answers do)."""
+    city = "🌆".encode()
+    vocab = SimpleNamespace(piece={1: b"Sunset ", 2: city[:2], 3: city[2:]}.get, eog_tokens=frozenset())
+    collector = Collector(vocab, make_config(max_tokens=2), Stats())
+    chunk, kept = collector.take(Step([1, 2], 1, depth=1))
+    assert (chunk.text, kept) == ("Sunset ", 2)
+    collector.result()
+    last = collector.tail()
+    assert last.text == "" and last.result.text == "Sunset \ufffd"
+    whole = Collector(vocab, make_config(max_tokens=3), Stats())
+    assert whole.take(Step([1, 2, 3], 2, depth=2))[0].text == "Sunset 🌆"
+    whole.result()
+    assert whole.tail().result.text == "Sunset 🌆"
 
 
 def test_a_text_ending_inside_a_character_leaves_it_out_not_as_a_replacement():

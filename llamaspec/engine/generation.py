@@ -58,6 +58,9 @@ class Vocabulary(Protocol):
     def piece(self, token: int) -> bytes: ...
 
 
+REPLACEMENT = "\ufffd"
+
+
 class Collector:
     """The text of one generation, step by step: tokens up to the end of generation or a stop
     string, the text safe to show, and the statistics. ``stop_reason`` stays "interrupted"
@@ -100,10 +103,13 @@ class Collector:
         return self._result
 
     def tail(self) -> Chunk:
-        """The last chunk: what was held back for a stop string that never came, and the result."""
+        """The last chunk: what was held back for a stop string that never came, and the result.
+        A generation that ended inside a multi-byte character reports it as llama-server does:
+        the chunks never show its bytes, the whole text ends with one U+FFFD for them (its JSON
+        replaces what is not UTF-8)."""
         assert self._result is not None
         tail = self.text.flush()
-        self._result.text = self.text.text
+        self._result.text = self.text.text + (REPLACEMENT if self.text.incomplete else "")
         return Chunk(tail, [], 0, self._result)
 
 
