@@ -78,9 +78,9 @@ install() {
 
 models() {  # join the parts gpu_pack.sh made, then let llamaspec fetch (verify) each model
     mkdir -p "$work/models"
-    for first in "$work"/models/*.part0; do
+    for first in "$work"/models/*.part00; do
         [ -e "$first" ] || continue
-        whole="${first%.part0}"
+        whole="${first%.part00}"
         [ -f "$whole" ] || cat "${whole}".part* > "$whole" || return 1
     done
     "$python" scripts/fetch_models.py --quiet $model $draft

@@ -9,7 +9,7 @@
 #                               tools, tests or other backends' sources)
 # DIR/wheels/                   llamaspec's dependencies that such a machine may lack, for PY
 #                               (default 3.12) on manylinux x86-64
-# DIR/models/NAME.partK         each model of MODELS (default smollm2-135m-instruct), in parts of
+# DIR/models/NAME.partNN        each model of MODELS (default smollm2-135m-instruct), in parts of
 #                               at most PART_MB (default 48) MiB, for machines that take files in
 #                               small loads (gpu_check.sh joins and verifies them)
 set -euo pipefail
@@ -51,6 +51,6 @@ tar cJf "$dir/llama-cpp-python.tar.xz" -C "$tmp" "llama_cpp_python-$version"
 for name in $models; do
     path="$("$python" "$here/scripts/fetch_models.py" --quiet "$name")"
     rm -f "$dir/models/$(basename "$path").part"*
-    split -b "${part_mb}M" -d -a 1 "$path" "$dir/models/$(basename "$path").part"
+    split -b "${part_mb}M" -d -a 2 "$path" "$dir/models/$(basename "$path").part"
 done
 du -sh "$dir"/* "$dir"/models/* >&2
