@@ -13,6 +13,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
+from llamaspec.cli import curve_summary  # noqa: E402
 from llamaspec.measure.report import format_columns  # noqa: E402
 from llamaspec.planning.costs import CostCurve  # noqa: E402
 
@@ -25,9 +26,8 @@ def curves(costs: Dict[str, dict]) -> List[str]:
     lines = []
     for key, entry in sorted(costs.items()):
         c = CostCurve(**entry)
-        cells = " ".join(f"{n}:{c.cost(n):.2f}" for n in SIZES)
         lines.append(f"  {key.split(':')[0]} on {c.backend}, {c.threads} threads: {c.ms_per_token:.2f} ms per "
-                     f"token; n rows cost {cells}")
+                     f"token; n rows cost {curve_summary(c, SIZES)}")
     return lines
 
 

@@ -193,10 +193,11 @@ class Reference:
 def reference(model_file, pool):
     cache = {}
 
-    def get(name: str) -> Reference:
-        if name not in cache:
-            cache[name] = Reference(pool.get(model_file(name)))
-        return cache[name]
+    def get(name: str, ngl: int = 0) -> Reference:
+        """Model ``name``'s reference, ``ngl`` of its layers offloaded to the GPU."""
+        if (name, ngl) not in cache:
+            cache[(name, ngl)] = Reference(pool.get(model_file(name), ngl))
+        return cache[(name, ngl)]
     yield get
     for ref in cache.values():
         ref.ctx.close()

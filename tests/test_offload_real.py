@@ -21,7 +21,7 @@ import pytest
 
 from llamaspec.llama.binding import backend_name, gpus
 
-from conftest import PROMPTS, SMOL, Reference
+from conftest import PROMPTS, SMOL
 from test_engine_real import generate_checked
 from test_greedy_real import N_TOKENS, check_greedy
 
@@ -36,16 +36,6 @@ def offloaded(module_spec):
         return {"plain": module_spec(SMOL, spec="none", ngl=OFFLOAD),
                 "self-draft": module_spec(SMOL, SMOL, spec="draft", fixed=("draft",), draft_max=6, ngl=OFFLOAD),
                 "auto": module_spec(SMOL, SMOL, ngl=OFFLOAD)}
-
-
-@pytest.fixture(scope="module")
-def offloaded_reference(model_file, pool):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ref = Reference(pool.get(model_file(SMOL), OFFLOAD))
-    yield ref
-    ref.ctx.close()
-    pool.release(ref.model)
 
 
 def test_the_offloaded_models_run_where_asked(offloaded):
@@ -66,13 +56,13 @@ def test_offloaded_plain_text_is_the_cpus(offloaded, smol_plain, reference, i):
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 @pytest.mark.parametrize("strategy", ["self-draft", "auto"])
-def test_offloaded_speculation_is_the_offloaded_greedy_text(offloaded, offloaded_reference, strategy, i):
+def test_offloaded_speculation_is_the_offloaded_greedy_text(offloaded, reference, strategy, i):
     spec = offloaded[strategy]
     plain = offloaded["plain"].generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
     result = spec.generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
     if strategy == "self-draft":
         assert result.stats.n_drafted > 0 and result.stats.n_accept > 0
-    compared, _ = check_greedy(offloaded_reference, spec.tokenize(PROMPTS[i]), plain.tokens, result.tokens,
+    compared, _ = check_greedy(reference(SMOL, OFFLOAD), spec.tokenize(PROMPTS[i]), plain.tokens, result.tokens,
                                f"smollm2 {strategy}, -ngl {OFFLOAD}, prompt {i}")
     assert compared == N_TOKENS
 

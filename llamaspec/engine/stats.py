@@ -45,8 +45,8 @@ class Stats:
     t_llama: float = 0.0  # of which, spent inside llama_decode (every model)
     t_grammar: float = 0.0  # of which, following the text's grammar (masks, checks, forced tokens)
     drafted_by_pos: List[int] = field(default_factory=list)  # steps that verified a token at depth i + 1
-    n_branches: int = 0  # branches of the verified tries (their leaves), summed over the steps
     accepted_by_pos: List[int] = field(default_factory=list)  # steps that accepted one there
+    n_branches: int = 0  # branches of the verified tries (their leaves), summed over the steps
     sources: Dict[str, SourceStats] = field(default_factory=dict)
     idle: Dict[str, str] = field(default_factory=dict)  # why an expensive source did not run, last time
 
@@ -70,7 +70,7 @@ class Stats:
     @property
     def python_share(self) -> float:
         """Share of the generation loop's wall time spent outside llama_decode (our own code)."""
-        return max(0.0, 1 - self.t_llama / self.t_decode) if self.t_decode > 0 else 0.0
+        return outside_llama(self.t_llama, self.t_decode)
 
     @property
     def speculative_steps(self) -> int:
@@ -135,6 +135,11 @@ class Stats:
         if self.stop_reason in ("context", "interrupted"):
             line += ", stopped: " + ("the context is full" if self.stop_reason == "context" else "interrupted")
         return line
+
+
+def outside_llama(t_llama: float, t_decode: float) -> float:
+    """Share of ``t_decode`` seconds of a generation loop not spent in ``t_llama`` seconds of llama_decode."""
+    return max(0.0, 1 - t_llama / t_decode) if t_decode > 0 else 0.0
 
 
 def sum_sources(stats: Iterable[Stats]) -> Dict[str, SourceStats]:

@@ -44,7 +44,6 @@ def version() -> str:
         return "not installed"
 
 
-
 @dataclass
 class StrategyInfo:
     name: str

@@ -32,7 +32,7 @@ from ..llama.binding import ModelPool
 from ..api import LlamaSpec, Result
 from ..errors import ConfigError
 from .replay import copy_oracle
-from ..engine.stats import sum_sources
+from ..engine.stats import outside_llama, sum_sources
 from .memory import memory_method, peak_rss_mb, reset_peak_rss, rss_mb
 from .report import BenchReport, PromptInfo, Row, StrategyInfo, first_difference, machine_info, version
 from .settings import STRATEGIES, BenchSettings, build_spec, check_strategies, default_strategies
@@ -129,11 +129,10 @@ def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Op
     # ran seconds apart, so a machine whose speed drifts between repetitions slows both alike
     speedup = statistics.median(t / b for t, b in zip(tps, plain.decode_tps)) if plain else 1.0
     speculative = max(sum(s.speculative_steps for s in stats), 1)
-    t_decode = sum(s.t_decode for s in stats)
     return Row(prompt, strategy, tps, median, min(tps), max(tps), speedup, speedup / bound if bound else 0.0,
                100.0 * n_accept / n_drafted if n_drafted else 0.0, n_predict / n_calls if n_calls else 0.0,
                statistics.median(s.prompt_tps for s in stats), n_predict, n_drafted, n_accept, n_calls, sources,
                max(peak for _, peak in runs), output, 1000 * sum(s.t_grammar for s in stats) / max(n_predict, 1),
                depth=sum(sum(s.drafted_by_pos) for s in stats) / speculative, rows=n_drafted / speculative,
                branches=sum(s.n_branches for s in stats) / speculative,
-               python_share=max(0.0, 1 - sum(s.t_llama for s in stats) / t_decode) if t_decode > 0 else 0.0)
+               python_share=outside_llama(sum(s.t_llama for s in stats), sum(s.t_decode for s in stats)))

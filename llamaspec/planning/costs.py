@@ -291,9 +291,9 @@ def load_or_measure_draft(ctx: Context, target: CostCurve, target_model: Model, 
 
 
 def plausible_draft(draft: CostCurve, draft_model: Model, target: CostCurve, target_model: Model) -> bool:
-    """Whether ``draft``'s token is cheaper than ``target``'s, or its model file no smaller. On
-    the CPU alone (both models there): on a GPU a small model's decode is bound by kernel launches, not by its size,
-    and a draft may well cost what its target does (the planner then leaves it idle)."""
+    """Whether ``draft``'s token is cheaper than ``target``'s, or its model file no smaller; checked
+    only with both models on the CPU: on a GPU a small model's decode is bound by kernel launches,
+    not by its size, and a draft may well cost what its target does (the planner leaves it idle)."""
     if draft.ms_per_token <= 0 or target.ms_per_token <= 0 or (draft.backend, target.backend) != ("cpu", "cpu"):
         return True
     return draft.ms_per_token < target.ms_per_token or draft_model.path.stat().st_size >= target_model.path.stat().st_size
