@@ -37,7 +37,8 @@ from .json_schema import to_lark
 @dataclass(frozen=True)
 class Grammar:
     """A constraint checked and compiled (llguidance's grammar text), not yet bound to a
-    vocabulary. ``kind``: "json_schema", "json" or "gbnf"; ``source``: what the user gave."""
+    vocabulary. ``kind``: "json_schema", "json", "gbnf" or "tools" (calls of a request's tools,
+    ``tools.calls_grammar``); ``source``: what the user gave."""
 
     kind: str
     source: str
@@ -72,6 +73,11 @@ class Grammar:
         except Exception as e:  # the converter's errors name the line and the place
             raise GrammarError(f"the GBNF grammar does not parse: {_line(e)}") from None
         return Grammar._checked("gbnf", text, _lark(lark))
+
+    @staticmethod
+    def lark(text: str, kind: str = "lark", source: str = "") -> "Grammar":
+        """A grammar in llguidance's Lark (its ``start`` rule), built by llamaspec itself (tool calls)."""
+        return Grammar._checked(kind, source or text, _lark(text))
 
     @staticmethod
     def of(value: Any) -> "Grammar":
