@@ -146,11 +146,16 @@ class LlamaSpec:
         self._check_open()
         return self.model.detokenize(tokens)
 
-    def format_chat(self, messages: Sequence[Message]) -> str:
+    def format_chat(self, messages: Sequence[Message], tools: Optional[Sequence[Any]] = None) -> str:
+        """The prompt text of chat messages (and OpenAI's ``tools``) with the model's own template."""
+        return self.chat_template().render(messages, tools)
+
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (ConfigError for a model without one)."""
         self._check_open()
         if self._template is None:
             self._template = ChatTemplate(self.model)
-        return self._template.render(messages)
+        return self._template
 
     # --- generation ---------------------------------------------------------------------
     # One LlamaSpec decodes one sequence at a time: every call holds the lock, so calls from
@@ -249,24 +254,25 @@ class LlamaSpec:
             tokens, dropped = self.chat_prompt(messages, config.max_tokens, trim)
             return self._start(tokens, config, dropped)
 
-    def chat_prompt(self, messages: Sequence[Message], max_tokens: int = -1,
-                    trim: bool = True) -> Tuple[List[int], int]:
-        """The tokens of chat messages as a prompt, and how many of the oldest turns were left out
-        so that it fits the context with room for the reply (see chat_stream)."""
+    def chat_prompt(self, messages: Sequence[Message], max_tokens: int = -1, trim: bool = True,
+                    tools: Optional[Sequence[Any]] = None) -> Tuple[List[int], int]:
+        """The tokens of chat messages (and OpenAI's ``tools``) as a prompt, and how many of the
+        oldest turns were left out so that it fits the context with room for the reply (see
+        chat_stream)."""
         with self._lock:
             self._check_open()
             room = self.ctx.n_ctx - reply_room(max_tokens, self.ctx.n_ctx)
-            kept, dropped = fit(messages, lambda m: len(self._chat_tokens(m)), room)
+            kept, dropped = fit(messages, lambda m: len(self._chat_tokens(m, tools)), room)
             if dropped and not trim:
                 raise PromptError(f"the conversation does not fit the {self.ctx.n_ctx}-token context with room for "
                                   f"the reply; {dropped} of its oldest turns would have to go")
-            return self._chat_tokens(kept), dropped
+            return self._chat_tokens(kept, tools), dropped
 
-    def _chat_tokens(self, messages: Sequence[Message]) -> List[int]:
+    def _chat_tokens(self, messages: Sequence[Message], tools: Optional[Sequence[Any]] = None) -> List[int]:
         for m in messages:
             self._fits(_utf8(str(m.get("content", "")), f"the {m.get('role', '')} message"),
                        f"the {m.get('role', '')} message")
-        return self.model.tokenize(self.format_chat(messages), add_special=False, parse_special=True)
+        return self.model.tokenize(self.format_chat(messages, tools), add_special=False, parse_special=True)
 
     def stream(self, prompt: Prompt, **options: Any) -> Stream:
         """Chunks of text as the target accepts them; the last chunk carries the Result."""

@@ -8,8 +8,9 @@ with llama-cpp-python's optional ``schema``, or ``json_schema``), llama-cpp-pyth
 (a LlamaGrammar or GBNF text) and llama-server's ``json_schema``; one that does not parse raises
 GrammarError before anything is decoded. Arguments that would change what the target says in
 ways not served yet (penalties, logit biases, mirostat, typical-p, tail-free sampling) or that
-llamaspec does not produce (log-probabilities, echo, suffixes, tools) raise ConfigError when set
-to anything but their neutral value. Responses also
+llamaspec does not produce (log-probabilities, echo, suffixes, functions) raise ConfigError when
+set to anything but their neutral value. ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``):
+the tools go through the model's chat template, calls come back as ``tool_calls``. Responses also
 carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
 ``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
 """
@@ -23,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, GrammarError
 from .grammar import Grammar
+from .tools import CallReader, Tools, grammar_with, read as read_calls, template_tools, with_calls
 from .engine.generation import Chunk, Result
 from .engine.scheduler import RequestStream, Stream, aggregate
 from .engine.stats import Stats
@@ -93,43 +95,85 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
     ``trim`` leaves its oldest turns out. ``response_format``, ``grammar`` and ``json_schema``
-    (llama-server's field) constrain the reply (see ``requested_grammar``). ``abandoned``: as in
-    create_completion."""
-    refuse(functions=functions is not None, function_call=function_call is not None, tools=bool(tools),
-           tool_choice=tool_choice not in (None, "none"), typical_p=typical_p != 1.0,
+    (llama-server's field) constrain the reply (see ``requested_grammar``). ``tools`` and
+    ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
+    reason "tool_calls". ``abandoned``: as in create_completion."""
+    refuse(functions=functions is not None, function_call=function_call is not None, typical_p=typical_p != 1.0,
            frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
            repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            logits_processor=logits_processor is not None, logit_bias=bool(logit_bias),
            logprobs=bool(logprobs), top_logprobs=top_logprobs is not None)
-    rules = requested_grammar(response_format, grammar, json_schema)
+    called = Tools.of(tools, tool_choice)
+    rules = grammar_with(called, requested_grammar(response_format, grammar, json_schema))
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules)
-    tokens, dropped = spec.chat_prompt([_text_message(m) for m in messages], opts["max_tokens"], trim)
+    chat = [with_calls(m, _text_message(m)) for m in messages]
+    shown = template_tools(spec.chat_template(), called, chat)
+    tokens, dropped = spec.chat_prompt(chat, opts["max_tokens"], trim, tools=shown)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
+    names = called.names if called is not None and called.calls else None  # None: the reply is plain text
     events = _start(spec, batcher, tokens, n, opts)
     if stream:
-        return _chat_chunks(events, n, head, abandoned)
+        return _chat_chunks(events, n, head, abandoned, names)
     results = _results(events, n, abandoned)
+    replies = [_reply(r.text, names) for r in results]
     return {**head, "object": "chat.completion",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                         "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
+            "choices": [{"index": i, "message": replies[i], "logprobs": None,
+                         "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
+                        for i, r in enumerate(results)], **_totals(results)}
 
 
-def _chat_chunks(events: "Events", n: int, head: Response,
-                 abandoned: Optional[threading.Event] = None) -> Iterator[Response]:
+def _reply(text: str, names: Optional[List[str]]) -> Response:
+    """The assistant's message: its text, or with tools to call, its calls and the text around them."""
+    if names is None:
+        return {"role": "assistant", "content": text}
+    content, calls = read_calls(text, names)
+    if not calls:
+        return {"role": "assistant", "content": content or ""}
+    return {"role": "assistant", "content": content, "tool_calls": calls}
+
+
+def _chat_chunks(events: "Events", n: int, head: Response, abandoned: Optional[threading.Event] = None,
+                 names: Optional[List[str]] = None) -> Iterator[Response]:
+    """The chunks of a chat reply; with ``names`` (tools to call), each choice's text is read for
+    calls, which come as OpenAI streams them: their id and name, then their arguments."""
     head = {**head, "object": "chat.completion.chunk"}
+    readers = [CallReader(names) if names is not None else None for _ in range(n)]
+    calls = [0] * n
     try:
         for i in range(n):
             yield {**head, "choices": [{"index": i, "delta": {"role": "assistant"}, "logprobs": None,
                                         "finish_reason": None}]}
         for i, chunk, totals in _read(events, n, abandoned):
-            if chunk.text:
-                yield {**head, "choices": [{"index": i, "delta": {"content": chunk.text}, "logprobs": None,
-                                            "finish_reason": None}]}
+            deltas, calls[i] = _deltas(readers[i], chunk, calls[i])
+            for delta in deltas:
+                yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
             if chunk.result is not None:
-                yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None,
-                                            "finish_reason": finish_reason(chunk.result)}], **totals}
+                reason = "tool_calls" if calls[i] else finish_reason(chunk.result)
+                yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}],
+                       **totals}
     finally:
         events.close()  # a reader that stops early stops the generation
+
+
+def _deltas(reader: Optional[CallReader], chunk: Chunk, done: int) -> Tuple[List[Response], int]:
+    """A chunk's deltas (its text, or read by ``reader``, content and calls) and the number of
+    calls so far (``done`` before it)."""
+    if reader is None:
+        return ([{"content": chunk.text}] if chunk.text else []), done
+    read = reader.feed(chunk.text) if chunk.text else []
+    if chunk.result is not None:
+        read += reader.finish()
+    deltas: List[Response] = []
+    for kind, value in read:
+        if kind == "content":
+            deltas.append({"content": value})
+            continue
+        function = value["function"]
+        deltas += [{"tool_calls": [{"index": done, "id": value["id"], "type": "function",
+                                    "function": {"name": function["name"], "arguments": ""}}]},
+                   {"tool_calls": [{"index": done, "function": {"arguments": function["arguments"]}}]}]
+        done += 1
+    return deltas, done
 
 
 class _One:

@@ -84,7 +84,7 @@ def test_arguments_that_would_change_the_text_are_refused_by_name(smol_plain, ar
 
 
 def test_chat_arguments_that_would_change_the_text_are_refused_by_name(smol_plain):
-    for arguments, name in (({"tools": [{"type": "function"}]}, "tools"), ({"presence_penalty": 0.5}, "presence_penalty")):
+    for arguments, name in (({"functions": [{"name": "f"}]}, "functions"), ({"presence_penalty": 0.5}, "presence_penalty")):
         with pytest.raises(ConfigError, match=f"^{name} is not supported"):
             smol_plain.create_chat_completion(CHAT, **arguments)
     with pytest.raises(ConfigError, match="a grammar is GBNF text or a llama_cpp.LlamaGrammar, got object"):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .binding import Model
 from ..errors import ConfigError, PromptError
 
-Message = Dict[str, str]
+Message = Dict[str, Any]
+PROBE = "llamaspec_probe_function"
 
 
 class ChatTemplate:
@@ -25,11 +26,23 @@ class ChatTemplate:
             bos_token=model.piece(model.bos).decode("utf-8", errors="replace"),
             add_generation_prompt=True,
         )
+        self.name = model.path.name
+        self._renders_tools: Optional[bool] = None
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The prompt text, special tokens included (tokenize it without adding BOS)."""
+    def render(self, messages: Sequence[Message], tools: Optional[Sequence[Any]] = None) -> str:
+        """The prompt text, special tokens included (tokenize it without adding BOS); ``tools``:
+        OpenAI's tool definitions, which templates with tool support tell the model of."""
         check_messages(messages)
-        return self._format(messages=list(messages)).prompt
+        return self._format(messages=list(messages), tools=list(tools) if tools else None).prompt
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template tells the model of tools (a probe tool's name shows in its prompt)."""
+        if self._renders_tools is None:
+            probe = {"type": "function", "function": {"name": PROBE, "description": "A probe.",
+                                                      "parameters": {"type": "object", "properties": {}}}}
+            self._renders_tools = PROBE in self.render([{"role": "user", "content": "hi"}], [probe])
+        return self._renders_tools
 
 
 def check_messages(messages: Sequence[Message]) -> None:

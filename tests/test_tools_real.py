@@ -1,0 +1,98 @@
+"""Tool calling on Qwen2.5-Coder-1.5B, greedy: "auto", "required" and a named function, whole
+and streamed, come back as OpenAI's tool_calls whose arguments follow the function's schema; a
+follow-up with the call and its result gets a text answer; SmolLM2, whose template has no tools,
+is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from llamaspec import ConfigError
+
+from test_tools import WEATHER
+
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def check_calls(message: dict) -> list:
+    """The message's calls, each a call of get_weather whose arguments follow its schema."""
+    calls = message["tool_calls"]
+    assert calls, message
+    for call in calls:
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"]["name"] == "get_weather"
+        arguments = json.loads(call["function"]["arguments"])
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+        assert "paris" in arguments["city"].lower()
+    return calls
+
+
+def streamed(chunks) -> tuple:
+    """A stream's message (content and calls, put together as the openai client does) and its
+    finish reason."""
+    content, calls, reasons = "", {}, []
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for part in delta.get("tool_calls", []):
+            call = calls.setdefault(part["index"], {"type": "function", "function": {"name": "", "arguments": ""}})
+            if "id" in part:
+                assert "arguments" in part["function"] and part["function"]["arguments"] == ""
+                call["id"] = part["id"]
+            call["function"]["name"] += part["function"].get("name", "")
+            call["function"]["arguments"] += part["function"].get("arguments", "")
+        reasons.append(choice["finish_reason"])
+    assert all(r is None for r in reasons[:-1])
+    return {"content": content or None, "tool_calls": [calls[i] for i in sorted(calls)]}, reasons[-1]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", NAMED])
+def test_a_call_comes_back_as_openai_tool_calls_whole_and_streamed(qwen_plain, choice):
+    reply = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice=choice, temperature=0,
+                                              max_tokens=60)
+    [answer] = reply["choices"]
+    assert answer["finish_reason"] == "tool_calls", answer
+    calls = check_calls(answer["message"])
+    assert answer["message"]["content"] is None
+    message, reason = streamed(qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice=choice,
+                                                                 temperature=0, max_tokens=60, stream=True))
+    assert reason == "tool_calls" and message["content"] is None
+    assert [c["function"] for c in check_calls(message)] == [c["function"] for c in calls]
+
+
+def test_a_follow_up_with_the_call_and_its_result_gets_a_text_answer(qwen_plain):
+    first = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required", temperature=0,
+                                              max_tokens=60)["choices"][0]["message"]
+    [call] = check_calls(first)
+    result = {"role": "tool", "tool_call_id": call["id"], "name": "get_weather",
+              "content": json.dumps({"city": "Paris", "temperature": 18, "unit": "celsius", "sky": "sunny"})}
+    follow = [*ASK, first, result]
+    prompt = qwen_plain.format_chat([*ASK, {**first, "tool_calls": [
+        {**call, "function": {"name": "get_weather", "arguments": json.loads(call["function"]["arguments"])}}]},
+        result])
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"' in prompt  # an object, not text
+    assert '<tool_response>\n{"city": "Paris", "temperature": 18' in prompt
+    answer = qwen_plain.create_chat_completion(follow, temperature=0, max_tokens=40)["choices"][0]
+    assert answer["finish_reason"] == "stop" and "tool_calls" not in answer["message"]
+    assert "18" in answer["message"]["content"], answer
+
+
+def test_tool_choice_none_reads_no_calls_and_a_format_with_a_forced_call_is_refused(qwen_plain):
+    answer = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="none", temperature=0,
+                                               max_tokens=8)["choices"][0]
+    assert "tool_calls" not in answer["message"] and answer["finish_reason"] in ("stop", "length")
+    with pytest.raises(ConfigError, match='tool_choice "required" constrains the reply to calls'):
+        qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required",
+                                          response_format={"type": "json_object"})
+
+
+def test_a_model_without_tools_in_its_template_is_refused_by_name(smol_plain):
+    with pytest.raises(ConfigError, match="^SmolLM2-135M-Instruct.Q4_1.gguf's chat template does not render tools"):
+        smol_plain.create_chat_completion(ASK, tools=[WEATHER])
+    answer = smol_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="none", max_tokens=4)
+    assert "tool_calls" not in answer["choices"][0]["message"]
