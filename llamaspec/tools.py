@@ -179,6 +179,8 @@ def template_tools(template: Any, request: Optional[Tools], messages: Sequence[D
     """The tools to render with ``template`` (a ChatTemplate). ConfigError naming the model where
     its template does not render tools and the request needs it to (tools to call, past calls or
     their results in the messages); with tool_choice "none" such a template gets no tools."""
+    if request is None and not has_calls(messages):
+        return None  # an ordinary chat: the template is not asked
     tools = list(request.tools) if request is not None else None
     if template.renders_tools:
         return tools

@@ -65,6 +65,17 @@ def test_a_call_comes_back_as_openai_tool_calls_whole_and_streamed(qwen_plain, c
     assert [c["function"] for c in check_calls(message)] == [c["function"] for c in calls]
 
 
+def test_each_of_n_choices_has_its_own_calls(qwen_plain):
+    reply = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required", temperature=0.8,
+                                              seed=3, n=2, max_tokens=60)
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    ids = []
+    for answer in reply["choices"]:
+        assert answer["finish_reason"] == "tool_calls"
+        ids += [c["id"] for c in check_calls(answer["message"])]
+    assert len(set(ids)) == len(ids)
+
+
 def test_a_follow_up_with_the_call_and_its_result_gets_a_text_answer(qwen_plain):
     first = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required", temperature=0,
                                               max_tokens=60)["choices"][0]["message"]
