@@ -19,9 +19,10 @@ import psutil
 import pytest
 from openai import APIStatusError, OpenAI
 
-from conftest import SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN, SMOL, THREADS, assert_one_line_error, run
 from test_greedy_real import NEAR_TIE
 from test_robustness_real import console_script
+from test_tools import WEATHER
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France", "import numpy as np",
            "Dear customer,", "# A list of fruits\n", "SELECT name FROM", "Roses are red,"]
@@ -376,6 +377,11 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": 2**70}, "seed: Input should be less"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages.0.content: only text is supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]},
+     "SmolLM2-135M-Instruct.Q4_1.gguf's chat template does not render tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+                              "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "names the function 'get_time', which is not among the tools"),
 ]
 
 
@@ -388,6 +394,42 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
     assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
     assert fragment in answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error"
     assert server.get("/health") == (200, {"status": "ok"})
+
+
+def test_tools_through_the_openai_client(model_file):
+    """Qwen2.5 (its template renders tools): the call parsed by the client, whole and streamed,
+    and the follow-up with the call and its result."""
+    qwen = Server("-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none")
+    try:
+        client = qwen.client()
+        ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+        reply = client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice="required",
+                                               temperature=0, max_tokens=60)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+        calls, reasons = {}, []
+        for chunk in client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice="required",
+                                                    temperature=0, max_tokens=60, stream=True):
+            delta = chunk.choices[0].delta
+            assert not delta.content
+            for part in delta.tool_calls or []:
+                got = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+                got["id"] = got["id"] or part.id
+                got["name"] += part.function.name or ""
+                got["arguments"] += part.function.arguments or ""
+            reasons.append(chunk.choices[0].finish_reason)
+        assert reasons[-1] == "tool_calls" and calls[0]["id"].startswith("call_")
+        assert list(calls) == [0] and (calls[0]["name"], json.loads(calls[0]["arguments"])) == ("get_weather", arguments)
+        result = {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}
+        follow = client.chat.completions.create(model="x", messages=[*ask, choice.message.model_dump(), result],
+                                                temperature=0, max_tokens=40)
+        assert follow.choices[0].finish_reason == "stop" and "18" in follow.choices[0].message.content
+    finally:
+        qwen.stop()
 
 
 def test_completions_without_max_tokens_stop_at_16_as_openai_s_do_and_tool_choice_none_is_neutral(server):

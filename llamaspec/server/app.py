@@ -195,7 +195,8 @@ async def _answer(request: Request, body: Any, create: Callable[..., Any], waiti
         raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
                           f"(--parallel)")
     arguments = {**body.arguments(), "n": body.n, "batcher": batcher}
-    if grammar is not None and not any(arguments.get(k) for k in ("response_format", "grammar", "json_schema")):
+    if grammar is not None and not any(arguments.get(k) for k in ("response_format", "grammar", "json_schema")) \
+            and arguments.get("tool_choice") in (None, "auto", "none"):  # calls to make have their own grammar
         arguments["grammar"] = grammar
     turn = waiting.admit()
     await turn.start()

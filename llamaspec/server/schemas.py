@@ -1,8 +1,8 @@
 """The request bodies of the OpenAI endpoints, as pydantic models: what each field may hold.
 
-Fields OpenAI clients send that llamaspec cannot honour (penalties, logit biases, tools, log
-probabilities, more than one choice) are accepted as data and refused with a clear 400 by
-``completions.refuse`` when set to anything but their neutral value; unknown fields are ignored.
+Fields OpenAI clients send that llamaspec cannot honour are accepted as data and refused with a
+clear 400 by ``completions.refuse`` when set to anything but their neutral value; unknown fields
+are ignored.
 """
 
 from __future__ import annotations
@@ -21,11 +21,33 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: Union[str, Dict[str, Any], None] = None  # OpenAI's JSON text; an object is taken too
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, List[TextPart], None] = None
+    tool_calls: Optional[List[ToolCall]] = None  # an assistant's past calls
+    tool_call_id: Optional[str] = None  # a tool result's call
+    name: Optional[str] = None
+
+    def message(self) -> Dict[str, Any]:
+        """The message as ``create_chat_completion`` takes it (without the fields it does not have)."""
+        return self.model_dump(exclude_none=True)
 
 
 class StreamOptions(BaseModel):
@@ -73,7 +95,7 @@ class ChatRequest(Sampling):
     top_logprobs: Optional[int] = None
 
     def arguments(self) -> Dict[str, Any]:
-        return {**self.sampling(), "messages": [m.model_dump() for m in self.messages],
+        return {**self.sampling(), "messages": [m.message() for m in self.messages],
                 "max_tokens": self.max_completion_tokens or self.max_tokens, "tools": self.tools,
                 "tool_choice": self.tool_choice, "logprobs": self.logprobs,
                 "top_logprobs": self.top_logprobs}
