@@ -22,6 +22,8 @@ MAX_TOKEN_BYTES = 256
 # Text files read whole besides prompts (references, grammars, schemas), and n-gram cache files, at most.
 MAX_TEXT_BYTES = 64 << 20
 MAX_CACHE_BYTES = 1 << 30
+# The most probable tokens whose log-probabilities a step may report (OpenAI's top_logprobs bound).
+MAX_LOGPROBS = 20
 
 
 def prompt_bytes(n_ctx: int) -> int:
@@ -86,9 +88,15 @@ class ModelConfig:
 class SamplingConfig:
     """Token selection. ``temperature == 0`` is greedy; the other filters then do nothing.
 
-    Filters apply in llama.cpp's order: top-k, top-p, min-p, then temperature.
-    ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable their filter.
+    Filters apply in llama.cpp's order: logit biases, penalties, top-k, top-p, min-p, then
+    temperature. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable their filter.
     ``seed`` None draws a random seed.
+
+    Penalties and biases change the target's logits before any filter, greedy or not (llama.cpp's
+    definitions): each token seen ``c`` times in the last ``penalty_last_n`` tokens of the text
+    (prompt included; -1: the whole text, 0: none) has its logit divided by ``repeat_penalty``
+    (multiplied, when it is negative), then lowered by ``c * frequency_penalty +
+    presence_penalty``; ``logit_bias`` adds (token, bias) pairs to the logits first.
     """
 
     temperature: float = 0.8
@@ -96,6 +104,11 @@ class SamplingConfig:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: Optional[int] = None
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: Tuple[Tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0,
@@ -106,10 +119,31 @@ class SamplingConfig:
         _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")
+        _check(math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
+               f"repeat penalty must be a finite number > 0, got {self.repeat_penalty}")
+        _check(math.isfinite(self.frequency_penalty) and math.isfinite(self.presence_penalty),
+               "frequency and presence penalties must be finite numbers")
+        _check(self.penalty_last_n >= -1, f"the penalty window (repeat-last-n) must be >= -1 (-1: the whole text, "
+                                          f"0: none), got {self.penalty_last_n}")
+        for token, bias in self.logit_bias:
+            _check(isinstance(token, int) and token >= 0, f"a logit bias's token must be a token id >= 0, got {token!r}")
+            _check(not math.isnan(bias) and bias != math.inf, f"token {token}'s logit bias must be a number or "
+                                                               f"-inf, got {bias}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits."""
+        return self.penalty_last_n != 0 and (self.repeat_penalty != 1 or self.frequency_penalty != 0
+                                             or self.presence_penalty != 0)
+
+    @property
+    def shaped(self) -> bool:
+        """Whether penalties or biases change the logits (the text before a row then matters)."""
+        return self.penalized or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -136,17 +170,21 @@ class DraftConfig:
 @dataclass(frozen=True)
 class GenerationConfig:
     """When to stop (``max_tokens`` < 0 generates until a stop or a full context), how to sample,
-    and the ``grammar`` the text must follow, if any."""
+    the ``grammar`` the text must follow, if any, and ``logprobs``: None, or each token's
+    log-probability with the ``logprobs`` most probable tokens' (0: the token's alone)."""
 
     max_tokens: int = 256
     stop: Tuple[str, ...] = ()
     sampling: SamplingConfig = SamplingConfig()
     grammar: Optional["Grammar"] = None
+    logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "
                                       f"context), got {self.max_tokens}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+               f"log-probabilities are asked for the 0 to {MAX_LOGPROBS} most probable tokens, got {self.logprobs}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The distribution a token is sampled from, computed from raw logits with numpy.
 
-:func:`transform` reproduces llama.cpp's sampler chain top-k -> top-p -> min-p ->
+:func:`shape` applies llama.cpp's logit biases and penalties, which depend on the text before
+the row; :func:`transform` then reproduces llama.cpp's sampler chain top-k -> top-p -> min-p ->
 temperature (``llama_sampler_init_top_k/top_p/min_p/temp``) and returns the sparse
 distribution that ``llama_sampler_init_dist`` would draw from. Speculative sampling
 needs that distribution itself, not just a draw from it.
@@ -9,7 +10,7 @@ needs that distribution itself, not just a draw from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +38,49 @@ class Distribution:
         """Probability of ``token`` (0 when it is not in the support)."""
         hit = self.probs[self.ids == token]
         return float(hit[0]) if hit.size else 0.0
+
+
+def shape(logits: np.ndarray, cfg: SamplingConfig, text: Sequence[int]) -> np.ndarray:
+    """``logits`` after llama.cpp's first samplers, logit bias then penalties, for a row that
+    follows ``text`` (see SamplingConfig); ``logits`` itself when neither applies. In float32,
+    as llama.cpp computes them, so that near-ties fall the same way."""
+    if not cfg.shaped:
+        return logits
+    row = np.array(logits, dtype=np.float32)
+    for token, bias in cfg.logit_bias:
+        if token < len(row):
+            row[token] += np.float32(bias)
+    if cfg.penalized and len(text):
+        window = text if cfg.penalty_last_n < 0 else text[-cfg.penalty_last_n:]
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        x = row[ids]
+        x = np.where(x <= 0, x * np.float32(cfg.repeat_penalty), x / np.float32(cfg.repeat_penalty))
+        x -= counts.astype(np.float32) * np.float32(cfg.frequency_penalty) + np.float32(cfg.presence_penalty)
+        row[ids] = x
+    return row
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability and the ``top`` most probable tokens' (token, logprob),
+    best first, under the distribution a row gives at temperature 1."""
+
+    token: int
+    logprob: float
+    top: Tuple[Tuple[int, float], ...] = ()
+
+
+def logprob_of(row: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """``token``'s log-probability under softmax(``row``) and the ``n_top`` best tokens'."""
+    x = row.astype(np.float64)
+    peak = x.max()
+    norm = peak + np.log(np.exp(x - peak).sum())
+    top: Tuple[Tuple[int, float], ...] = ()
+    if n_top > 0:
+        best = np.argpartition(-x, min(n_top, len(x) - 1))[:n_top]
+        best = best[np.argsort(-x[best], kind="stable")]
+        top = tuple((int(t), float(x[t] - norm)) for t in best)
+    return TokenLogprob(token, float(x[token] - norm), top)
 
 
 def transform(logits: np.ndarray, cfg: SamplingConfig) -> Distribution:

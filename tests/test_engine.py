@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from typing import Iterator, List
 
 import numpy as np
@@ -24,12 +25,15 @@ from llamaspec.engine.engine import Engine, Step
 from llamaspec.grammar import GrammarVocabulary
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
-from llamaspec.sampling import Uniforms, sample, transform
+from llamaspec.sampling import Uniforms, logprob_of, sample, shape, transform
 from llamaspec.planning.speculator import Speculator
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of
 
 GREEDY = SamplingConfig(temperature=0)
+# Penalties and logit biases (token 9 banned) that change the fake target's text.
+PENALIZED = dict(repeat_penalty=1.6, frequency_penalty=0.4, presence_penalty=0.3, penalty_last_n=6,
+                 logit_bias=((2, 1.5), (9, -math.inf)))
 
 
 class Oracle(Source):
@@ -137,6 +141,49 @@ def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_
         check_kv(ctx, eng.tokens)
     assert text == greedy_text(prompt, len(text)) and len(text) >= 40
     assert max(ctx.decodes[1:]) > 1  # candidates were verified in batches
+
+
+def penalized_greedy_text(prompt, n, sampling):
+    """What plain greedy decoding of the fake model emits with ``sampling``'s penalties and biases."""
+    text = list(prompt)
+    for _ in range(n):
+        text.append(int(shape(logits_of(text), sampling, text).argmax()))
+    return text[len(prompt):]
+
+
+def test_greedy_with_penalties_and_biases_is_plain_greedy_with_them():
+    """Every row is shaped by the text along its own path, so a trie whose candidates are the
+    unpenalized text (the oracle's) and the prompt's (lookup) is verified into the penalized text."""
+    prompt = copying_prompt()
+    sampling = SamplingConfig(temperature=0, **PENALIZED)
+    eng, ctx = engine([LookupSource(), Oracle()])
+    text, accepted = [], 0
+    for step in eng.steps(prompt, sampling, max_new=40):
+        text += step.tokens
+        accepted += step.n_accepted
+        check_kv(ctx, eng.tokens)
+    assert text == penalized_greedy_text(prompt, len(text), sampling) and len(text) >= 40
+    assert text != greedy_text(prompt, len(text)) and 9 not in text  # the penalties and the ban did change it
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("shaping", [{}, PENALIZED], ids=["plain", "penalties and biases"])
+def test_log_probabilities_are_those_of_the_rows_each_token_was_chosen_at(shaping):
+    """Every token's log-probability and the 3 best, from the verify rows (speculation accepted
+    drafts), as plain decoding's single rows give them, shaped by penalties and biases too."""
+    prompt = copying_prompt()
+    eng, _ = engine([LookupSource(), Oracle()])
+    chunks, result = generate(eng, prompt, max_tokens=30, temperature=0, logprobs=3, **shaping)
+    sampling = make_config(temperature=0, **shaping).sampling
+    text = list(prompt)
+    for token, got in zip(result.tokens, result.logprobs):
+        assert got == logprob_of(shape(logits_of(text), sampling, text), token, 3)
+        text.append(token)
+    assert len(result.logprobs) == len(result.tokens) == 30 and result.stats.n_accept > 0
+    assert [lp for c in chunks for lp in c.logprobs] == result.logprobs
+    assert [t for t, _ in result.logprobs[0].top][0] == result.tokens[0]  # greedy: the best token
+    _, without = generate(eng, prompt, max_tokens=5, temperature=0)
+    assert without.logprobs is None
 
 
 def test_a_trie_with_a_shared_prefix_is_one_decode_and_keeps_the_right_branch():
@@ -319,22 +366,28 @@ def second_and_third_tokens(prompt_of, sampling, n, constraint_of=lambda: None) 
     return counts
 
 
-def test_sampling_through_the_engine_is_exact():
+@pytest.mark.parametrize("shaping", [{}, PENALIZED], ids=["plain", "penalties and biases"])
+def test_sampling_through_the_engine_is_exact(shaping):
     """The first two tokens after the prompt's first are distributed as p(x1) p(x2 | x1), with a
-    sampled draft and deterministic lookup candidates verified together in one trie."""
+    sampled draft and deterministic lookup candidates verified together in one trie; with
+    penalties and logit biases, p is the row shaped by the text along its own path."""
     prompt = [3, 5, 7, 3, 5, 8, 3, 5]  # lookup proposes 7 and 8 after "3 5"
-    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **shaping)
     n = 6000
     counts = second_and_third_tokens(lambda seed: prompt + [int(seed % 2)], sampling, n)
+
+    def p(text):
+        return transform(shape(logits_of(text, sharp=False), sampling, text), sampling)
+
     # the first token comes from the prompt's row; the next two from one or two verify steps
     expected = collections.Counter()
     for last in (0, 1):
         base = prompt + [last]
-        p_first = transform(logits_of(base, sharp=False), sampling)
+        p_first = p(base)
         for x0, p0 in zip(p_first.ids, p_first.probs):
-            p1 = transform(logits_of(base + [int(x0)], sharp=False), sampling)
+            p1 = p(base + [int(x0)])
             for x1, q1 in zip(p1.ids, p1.probs):
-                p2 = transform(logits_of(base + [int(x0), int(x1)], sharp=False), sampling)
+                p2 = p(base + [int(x0), int(x1)])
                 for x2, q2 in zip(p2.ids, p2.probs):
                     expected[(int(x1), int(x2))] += 0.5 * p0 * q1 * q2
     pairs = list(itertools.product(range(V), repeat=2))

@@ -5,11 +5,12 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.config import SamplingConfig
-from llamaspec.sampling import Distribution, sample, transform
+from llamaspec.errors import ConfigError
+from llamaspec.sampling import Distribution, sample, shape, transform
 
 
-def cfg(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+def cfg(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **shaping):
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, **shaping)
 
 
 def as_dict(dist):
@@ -173,3 +174,71 @@ def test_matches_llama_cpp(c, seed):
     assert set(ours.ids.tolist()) == set(ref_ids.tolist())
     ref = dict(zip(ref_ids.tolist(), softmax(ref_logits)))
     assert np.allclose(ours.probs, [ref[t] for t in ours.ids.tolist()], rtol=0, atol=1e-5)
+
+
+# --- penalties and logit biases, against llama.cpp's own samplers ---------------------------
+
+
+def llama_cpp_shaped(logits, c, text):
+    """The logits after llama.cpp's logit-bias and penalties samplers, the text accepted first."""
+    lc = pytest.importorskip("llama_cpp.llama_cpp")
+    n = len(logits)
+    data = (lc.llama_token_data * n)()
+    for i, x in enumerate(logits):
+        data[i].id, data[i].logit, data[i].p = i, float(x), 0.0
+    cur = lc.llama_token_data_array(data=ctypes.cast(data, lc.llama_token_data_p), size=n, selected=-1, sorted=False)
+    biases = (lc.llama_logit_bias * max(len(c.logit_bias), 1))(*[lc.llama_logit_bias(t, b) for t, b in c.logit_bias])
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    try:
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(n, len(c.logit_bias), biases))
+        last_n = len(text) if c.penalty_last_n < 0 else c.penalty_last_n  # llama.cpp's programs: -1 is the context
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(n, last_n, c.repeat_penalty,
+                                                                          c.frequency_penalty, c.presence_penalty))
+        for token in text:
+            lc.llama_sampler_accept(chain, token)
+        lc.llama_sampler_apply(chain, ctypes.byref(cur))
+        out = np.empty(n, dtype=np.float32)
+        for i in range(cur.size):
+            out[cur.data[i].id] = cur.data[i].logit
+    finally:
+        lc.llama_sampler_free(chain)
+    return out
+
+
+SHAPES = [
+    cfg(temperature=0, repeat_penalty=1.3),
+    cfg(temperature=0.8, repeat_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.2, penalty_last_n=16),
+    cfg(temperature=0, repeat_penalty=0.8, presence_penalty=-0.5, penalty_last_n=-1, logit_bias=((3, 2.5), (7, -1.25))),
+    cfg(temperature=1, frequency_penalty=1.0, penalty_last_n=0, logit_bias=((5, float("-inf")),)),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("c", SHAPES, ids=range(len(SHAPES)))
+def test_penalties_and_biases_match_llama_cpp(c, seed):
+    """The same float32 logits as llama.cpp's samplers after the same text (repeats, tokens seen
+    once, tokens outside the window, negative and positive logits)."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.normal(size=200) * 3).astype(np.float32)
+    text = [int(t) for t in rng.integers(0, 40, 80)]
+    ours = shape(logits, c, text)
+    assert np.array_equal(ours, llama_cpp_shaped(logits, c, text))
+    assert c.shaped == (not np.array_equal(ours, logits))
+
+
+def test_shaping_nothing_is_the_row_itself():
+    logits = np.arange(5, dtype=np.float32)
+    assert shape(logits, cfg(), [1, 2, 2]) is logits
+    assert shape(logits, cfg(repeat_penalty=1.5, penalty_last_n=0), [1, 2]) is logits
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(repeat_penalty=0), "repeat penalty must be a finite number > 0"),
+    (dict(frequency_penalty=float("nan")), "frequency and presence penalties must be finite"),
+    (dict(penalty_last_n=-2), "penalty window"),
+    (dict(logit_bias=((3, float("inf")),)), "token 3's logit bias must be a number or -inf"),
+    (dict(logit_bias=((-1, 1.0),)), "a logit bias's token must be a token id"),
+])
+def test_bad_penalties_are_one_line_errors(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        SamplingConfig(**bad)

@@ -51,7 +51,7 @@ there removed (``walk``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -64,7 +64,7 @@ from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout, Trie
-from ..sampling import Distribution, sample_at, transform
+from ..sampling import Distribution, TokenLogprob, logprob_of, sample_at, shape, transform
 from ..sequences import common_prefix
 from ..sources.base import Outcome
 from .acceptance import walk_greedy, walk_sampled
@@ -84,7 +84,8 @@ class Step:
     ``drafted``: candidate tokens verified, per source (a token proposed by two sources counts
     for both); ``path_sources[i]``: the sources that proposed accepted token i; ``depth``: the
     deepest verified candidate token; ``t_draft``: time an expensive source spent drafting;
-    ``branches``: the verified trie's leaves.
+    ``branches``: the verified trie's leaves; ``logprobs``: each new token's, when its lane asks
+    for them (from the row it was chosen at, shaped as it was).
     """
 
     tokens: List[int]
@@ -96,6 +97,7 @@ class Step:
     t_draft: float = 0.0
     idle: Dict[str, str] = field(default_factory=dict)
     branches: int = 0
+    logprobs: Tuple[TokenLogprob, ...] = ()
 
     @property
     def n_accepted(self) -> int:
@@ -127,6 +129,7 @@ class Lane:
     left: int = 0
     limit: int = 0
     constraint: Optional[Constraint] = None  # where its text is in its grammar, when it has one
+    logprobs: Optional[int] = None  # None: none; k: each token's log-probability and the k best tokens'
 
     @property
     def live(self) -> bool:
@@ -174,11 +177,13 @@ class Engine:
 
     def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
               sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
-              limit: int, constraints: Optional[Sequence[Optional[Constraint]]] = None) -> int:
+              limit: int, constraints: Optional[Sequence[Optional[Constraint]]] = None,
+              logprobs: Optional[int] = None) -> int:
         """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
         prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
         positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms);
-        ``constraints``: each lane's grammar state, where its text is constrained."""
+        ``constraints``: each lane's grammar state, where its text is constrained; ``logprobs``:
+        the best tokens' log-probabilities each step reports with its tokens' (None: none)."""
         check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
         keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
@@ -196,6 +201,7 @@ class Engine:
             lane.rng, lane.uniform = seeds[i]
             lane.left, lane.limit = max_new, limit
             lane.constraint = constraints[i] if constraints is not None else None
+            lane.logprobs = logprobs
         return len(prompt) - keep
 
     def stop(self, lane: int, keep: Optional[int] = None) -> None:
@@ -317,13 +323,15 @@ class Engine:
             if ln.left <= 0:
                 ln.state = "decoding"
                 continue
-            token = choose(row, ln.sampling, ln.constraint, lambda: ln.uniform(n))
+            shaped = shape(row, ln.sampling, ln.tokens)
+            token = choose(shaped, ln.sampling, ln.constraint, lambda: ln.uniform(n))
             if ln.constraint is not None:
                 ln.constraint.advance(token)
+            logprobs = (logprob_of(shaped, token, ln.logprobs),) if ln.logprobs is not None else ()
             ln.tokens.append(token)
             ln.left -= 1
             ln.state = "decoding"
-            out.append((ln.home, Step([token])))
+            out.append((ln.home, Step([token], logprobs=logprobs)))
         return out
 
     def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]]) -> Step:
@@ -332,8 +340,12 @@ class Engine:
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
-        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth), ln.constraint)
+        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth), ln.constraint,
+                           ln.tokens)
         accepted = [trie.token[v] for v in path]
+        logprobs = () if ln.logprobs is None else tuple(
+            logprob_of(shape(logits[v], ln.sampling, ln.tokens + accepted[:j]), x, ln.logprobs)
+            for j, (v, x) in enumerate(zip([0] + path, accepted + [token])))
         ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
         if path:
             keep = seqs[d.layout.seq[path[-1]]]
@@ -346,7 +358,7 @@ class Engine:
         ln.left -= len(accepted) + 1
         outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, d.t_plan)
         ln.speculator.learn(outcome)
-        return step
+        return replace(step, logprobs=logprobs)
 
     def _trim(self, lanes: Sequence[Lane]) -> None:
         # A lane's home, and its sources' caches (a draft model's sequence), must hold a prefix of
@@ -381,9 +393,13 @@ def choose(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Const
 
 
 def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
-         uniform: Callable[[int], float], constraint: Optional[Constraint] = None) -> Tuple[List[int], int]:
+         uniform: Callable[[int], float], constraint: Optional[Constraint] = None,
+         text: Sequence[int] = ()) -> Tuple[List[int], int]:
     """The target's choice down the trie, ``logits[v]`` its row after node v's path:
     (accepted nodes, the target's next token).
+
+    With penalties or logit biases (``sampling.shaped``), every row is shaped by the text along
+    its own path: ``text`` (the lane's, up to the pending token) and the path's tokens to v.
 
     With a ``constraint`` (the grammar's state after the text), every row is the constrained
     target's at its node. The walk only ever goes down the child holding the target's token, so
@@ -394,6 +410,8 @@ def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.rando
     def row(v: int) -> np.ndarray:
         if constraint is not None and v:  # the walk entered v: its token is the text's
             constraint.advance(trie.token[v])
+        if sampling.shaped:
+            return shape(logits[v], sampling, list(text) + [trie.token[u] for u in trie.path(v)])
         return logits[v]
 
     if sampling.greedy:

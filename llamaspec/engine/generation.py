@@ -8,15 +8,17 @@ up to the result's.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, Iterator, List, Optional, Protocol, Sequence, Union
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
 from ..grammar import Grammar
+from ..sampling import TokenLogprob
 from .engine import Step
 from .stats import Stats
 from .text import TextStream
@@ -30,7 +32,7 @@ class Result:
     (max_tokens reached), "context" (the context is full) or "interrupted" (the stream was
     closed before it ended). ``dropped_turns``: the oldest chat turns left out so that the
     conversation fits the context. ``warnings``: what went wrong after the text was complete
-    (saving a dynamic n-gram cache)."""
+    (saving a dynamic n-gram cache). ``logprobs``: each token's, when they were asked for."""
 
     text: str
     tokens: List[int]
@@ -38,20 +40,24 @@ class Result:
     stats: Stats
     dropped_turns: int = 0
     warnings: List[str] = field(default_factory=list)
+    logprobs: Optional[List[TokenLogprob]] = None
 
 
 @dataclass
 class Chunk:
-    """Text accepted in one step; ``from_draft`` of ``tokens`` were drafted and accepted.
-    The last chunk of a stream carries the ``result``."""
+    """Text accepted in one step; ``from_draft`` of ``tokens`` were drafted and accepted;
+    ``logprobs``: the tokens', when asked for. The last chunk of a stream carries the ``result``."""
 
     text: str
     tokens: List[int] = field(default_factory=list)
     from_draft: int = 0
     result: Optional[Result] = None
+    logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 class Vocabulary(Protocol):
+    n_vocab: int
+
     @property
     def eog_tokens(self) -> FrozenSet[int]: ...
 
@@ -70,6 +76,7 @@ class Collector:
         self.vocab, self.stats = vocab, stats
         self.text = TextStream(config.stop)
         self.tokens: List[int] = []
+        self.logprobs: Optional[List[TokenLogprob]] = [] if config.logprobs is not None else None
         self.stop_reason = "interrupted"
         self._t0 = time.perf_counter()
         self._result: Optional[Result] = None
@@ -93,13 +100,17 @@ class Collector:
                 self.stop_reason = "stop"
                 break
         self.stats.record_step(step, kept)
-        return Chunk(piece, taken, min(step.n_accepted, len(taken))), kept
+        logprobs = list(step.logprobs[:len(taken)])
+        if self.logprobs is not None:
+            self.logprobs += logprobs
+        return Chunk(piece, taken, min(step.n_accepted, len(taken)), logprobs=logprobs), kept
 
     def result(self, dropped_turns: int = 0) -> Result:
         """The generation as it stands: its decode time ends now."""
         self.stats.t_decode = time.perf_counter() - self._t0
         self.stats.stop_reason = self.stop_reason
-        self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns)
+        self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
+                              logprobs=self.logprobs)
         return self._result
 
     def tail(self) -> Chunk:
@@ -129,21 +140,45 @@ _SAMPLING = SamplingConfig()
 def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: Union[str, Sequence[str], None] = (),
                 temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
                 top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
-                seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None) -> GenerationConfig:
+                seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None,
+                repeat_penalty: float = _SAMPLING.repeat_penalty, frequency_penalty: float = _SAMPLING.frequency_penalty,
+                presence_penalty: float = _SAMPLING.presence_penalty, penalty_last_n: int = _SAMPLING.penalty_last_n,
+                logit_bias: Any = None, logprobs: Optional[int] = None) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
     ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
     ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
     its JSON text; ``{"type": "object"}``: any JSON object), if given. ``max_tokens`` None and
-    ``stop`` None mean what llama-cpp-python means: until a stop or a full context, no stop strings."""
+    ``stop`` None mean what llama-cpp-python means: until a stop or a full context, no stop strings.
+    Penalties and ``logit_bias`` (a mapping of token ids, or their decimal text as OpenAI sends
+    them, to biases; or (token, bias) pairs): see SamplingConfig. ``logprobs``: None, or the
+    number of most probable tokens whose log-probabilities come with each token's."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     max_tokens = -1 if max_tokens is None else max_tokens
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=None if seed == -1 else seed)
+                              seed=None if seed == -1 else seed, repeat_penalty=repeat_penalty,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                              penalty_last_n=penalty_last_n, logit_bias=biases(logit_bias))
     if grammar is not None and json_schema is not None:
         raise ConfigError("give a grammar or a JSON schema, not both")
     rules = Grammar.of(grammar) if grammar is not None else (
         Grammar.json_schema(json_schema) if json_schema is not None else None)
-    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules)
+    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs)
+
+
+def biases(value: Any) -> Tuple[Tuple[int, float], ...]:
+    """Logit biases as (token, bias) pairs in token order: from a mapping (OpenAI's ``logit_bias``,
+    token ids as decimal text) or pairs; ConfigError for a key that is not a token id."""
+    if not value:
+        return ()
+    pairs = value.items() if isinstance(value, Mapping) else value
+    out: Dict[int, float] = {}
+    for token, bias in pairs:
+        try:
+            key = int(token)
+            out[key] = -math.inf if bias is False else float(bias)  # llama-server: false bans the token
+        except (TypeError, ValueError):
+            raise ConfigError(f"logit_bias maps token ids to numbers, got {token!r}: {bias!r}") from None
+    return tuple(sorted(out.items()))
 
 
 def last(chunks: Iterator[Chunk]) -> Result:

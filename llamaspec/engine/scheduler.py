@@ -223,6 +223,10 @@ class Scheduler:
         if request.n > self.n_lanes:
             raise ConfigError(f"{request.n} samples need {request.n} sequences decoded together; at most "
                               f"{self.n_lanes} here")
+        bad = [token for token, _ in request.config.sampling.logit_bias if token >= self.vocab.n_vocab]
+        if bad:
+            raise ConfigError(f"logit_bias names token {bad[0]}, which is not in the vocabulary of "
+                              f"{self.vocab.n_vocab} tokens")
         self._inbox.put(request)
 
     def cancel(self, request: Request) -> None:
@@ -299,7 +303,7 @@ class Scheduler:
             speculators = self._speculators(request, lanes, siblings, constraints)
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit,
-                                       constraints)
+                                       constraints, config.logprobs)
         except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
             request.error = e
             self._cancel_waiting(request)
