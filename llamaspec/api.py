@@ -7,10 +7,11 @@ import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .llama.binding import Context, Model, ModelPool, gpus, max_sequences, supports_gpu_offload
 from .llama.chat import ChatTemplate, Message, fit
+from .llama import infill
 from . import completions
 from .llama import models
 from .planning.acceptance_model import AcceptanceModel
@@ -273,6 +274,21 @@ class LlamaSpec:
             self._fits(_utf8(str(m.get("content", "")), f"the {m.get('role', '')} message"),
                        f"the {m.get('role', '')} message")
         return self.model.tokenize(self.format_chat(messages, tools), add_special=False, parse_special=True)
+
+    def fim_tokens(self, prefix: str, suffix: str, extra: Optional[Sequence[Dict[str, str]]] = None,
+                   prompt: str = "") -> List[int]:
+        """The prompt that asks for the text between ``prefix`` and ``suffix`` with the model's
+        fill-in-the-middle tokens: as llama-cpp-python's ``create_completion(suffix=...)`` lays it
+        out or, with ``extra`` (other files, {"filename", "text"}; may be empty) and ``prompt``, as
+        llama-server's /infill does (see llama/infill.py). ConfigError for a model without them."""
+        with self._lock:
+            self._check_open()
+            for text, what in ((prefix, "the prefix"), (suffix, "the suffix"), (prompt, "the prompt"),
+                               *((str(c.get("text", "")), "an extra file") for c in extra or ())):
+                self._fits(_utf8(text, what), what)
+            if extra is None and not prompt:
+                return infill.fim_tokens(self.model, prefix, suffix)
+            return infill.infill_tokens(self.model, prefix, suffix, extra or (), prompt)
 
     def stream(self, prompt: Prompt, **options: Any) -> Stream:
         """Chunks of text as the target accepts them; the last chunk carries the Result."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import sys
 import warnings
@@ -108,6 +109,17 @@ MODEL_OPTIONS = {
     "seed": click.option("--seed", type=int, default=None,
                          help="Random seed, for reproducible sampling (-1 or none: a random one, reported)."),
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
+    "repeat_penalty": click.option("--repeat-penalty", type=float, default=_SAMPLING.repeat_penalty, show_default=True,
+                                   help="Penalize tokens seen in the last --repeat-last-n tokens (1: off)."),
+    "penalty_last_n": click.option("--repeat-last-n", "penalty_last_n", type=int, default=_SAMPLING.penalty_last_n,
+                                   show_default=True, help="Tokens the penalties look back on (0: off, -1: all)."),
+    "presence_penalty": click.option("--presence-penalty", type=float, default=_SAMPLING.presence_penalty,
+                                     show_default=True, help="Lower the logit of every token seen (0: off)."),
+    "frequency_penalty": click.option("--frequency-penalty", type=float, default=_SAMPLING.frequency_penalty,
+                                      show_default=True, help="Lower a token's logit by this per time seen (0: off)."),
+    "logit_bias": click.option("-l", "--logit-bias", "logit_bias", multiple=True,
+                               help="TOKEN_ID(+/-)BIAS added to a token's logit, e.g. 15043+1 or 15043-inf "
+                                    "(repeatable)."),
     "json_schema": click.option("-j", "--json-schema", default=None,
                                 help="The text is JSON valid under this JSON schema (its text, or a file holding it)."),
     "json_mode": click.option("--json-mode", is_flag=True, help="The text is a JSON object."),
@@ -208,12 +220,25 @@ def _str(path: Optional[Path]) -> Optional[str]:
 
 
 def _generation_options(o: dict) -> dict:
-    keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "seed")
+    keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+            "penalty_last_n", "presence_penalty", "frequency_penalty")
     opts = {k: o[k] for k in keys}
     opts["stop"] = tuple(_utf8_option(s, "a --stop string") for s in opts["stop"])
+    opts["logit_bias"] = [_logit_bias(text) for text in o["logit_bias"]]
     opts["grammar"] = _grammar_option(o)
     make_config(**opts)  # validate before loading any model
     return opts
+
+
+def _logit_bias(text: str) -> Tuple[int, float]:
+    """llama.cpp's --logit-bias: TOKEN_ID followed by a signed bias (15043+1, 15043-inf)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([-+]\s*(?:inf|[0-9.eE+-]+))\s*", text)
+    try:
+        if match is None:
+            raise ValueError
+        return int(match.group(1)), float(match.group(2).replace(" ", ""))
+    except ValueError:
+        raise click.UsageError(f"--logit-bias takes TOKEN_ID(+/-)BIAS, such as 15043+1 or 15043-inf; got {text!r}")
 
 
 def _grammar_option(o: dict) -> Optional[Grammar]:

@@ -6,12 +6,15 @@ them.
 A grammar constrains the text (``requested_grammar``): OpenAI's ``response_format`` (``json_object``,
 with llama-cpp-python's optional ``schema``, or ``json_schema``), llama-cpp-python's ``grammar``
 (a LlamaGrammar or GBNF text) and llama-server's ``json_schema``; one that does not parse raises
-GrammarError before anything is decoded. Arguments that would change what the target says in
-ways not served yet (penalties, logit biases, mirostat, typical-p, tail-free sampling) or that
-llamaspec does not produce (log-probabilities, echo, suffixes, functions) raise ConfigError when
-set to anything but their neutral value. ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``):
-the tools go through the model's chat template, calls come back as ``tool_calls``. Responses also
-carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
+GrammarError before anything is decoded. Penalties and logit biases shape every row the target
+is verified at (llama.cpp's definitions); ``logprobs`` come from those rows; ``suffix`` asks for
+the middle between the prompt and it (fill-in-the-middle); ``echo`` puts the prompt before the
+text. ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``): the tools go through the model's
+chat template, calls come back as ``tool_calls``. Refused with a ConfigError naming them, when set
+to anything but their neutral value: samplers with no exact speculative form here (mirostat,
+typical-p, tail-free sampling), Python callbacks (``logits_processor``, ``stopping_criteria``),
+the deprecated ``functions``, and ``echo`` with ``logprobs`` (a prompt's own log-probabilities are
+not computed). Responses also carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
 ``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
 """
 
@@ -28,6 +31,10 @@ from .tools import CallReader, Tools, grammar_with, read as read_calls, template
 from .engine.generation import Chunk, Result
 from .engine.scheduler import RequestStream, Stream, aggregate
 from .engine.stats import Stats
+from .sampling import TokenLogprob
+from .config import SamplingConfig
+
+_S = SamplingConfig()
 
 Response = Dict[str, Any]
 
@@ -41,7 +48,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
                       mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                       stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
                       logit_bias: Optional[Dict[str, float]] = None, n: int = 1, response_format: Any = None,
-                      json_schema: Any = None, batcher: Any = None,
+                      json_schema: Any = None, batcher: Any = None, repeat_last_n: int = _S.penalty_last_n,
                       abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
     """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
     ``llama_cpp.Llama.create_completion`` returns it; with ``n`` > 1, n choices (samples decoded
@@ -50,33 +57,103 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
     answer any more (the server's client left, the server is shutting down); the generation stops
     at its next step and the answer (or the stream's last chunks) says what it had."""
-    refuse(suffix=suffix is not None, logprobs=logprobs is not None, echo=echo, typical_p=typical_p != 1.0,
-           frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
-           repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
-           stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None,
-           logit_bias=bool(logit_bias))
+    refuse(typical_p=typical_p != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
+           stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None)
+    if echo and logprobs is not None:
+        raise ConfigError("echo with logprobs is not supported: llamaspec reads a prompt without the log-probabilities "
+                          "of its own tokens; ask for echo or for logprobs")
     rules = requested_grammar(response_format, grammar, json_schema)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model or spec.model_name}
-    events = _start(spec, batcher, prompt, n, options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules))
+    echoed = ""
+    if echo:
+        echoed = prompt if isinstance(prompt, str) else spec.detokenize(prompt)
+    if suffix is not None:
+        if not isinstance(prompt, str):
+            raise ConfigError("suffix needs a text prompt (the code before the gap), not tokens")
+        prompt = spec.fim_tokens(prompt, suffix)
+    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
+                   penalties(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias))
+    events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs})
     if stream:
-        return _completion_chunks(events, n, head, abandoned)
+        return _completion_chunks(spec, events, n, head, echoed, abandoned)
     results = _results(events, n, abandoned)
-    return {**head, "choices": [{"text": r.text, "index": i, "logprobs": None, "finish_reason": finish_reason(r)}
-                                for i, r in enumerate(results)], **_totals(results)}
+    return {**head, "choices": [{"text": echoed + r.text, "index": i, "logprobs": _text_logprobs(spec, r.logprobs),
+                                 "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
 
 
-def _completion_chunks(events: "Events", n: int, head: Response,
+def _completion_chunks(spec: Any, events: "Events", n: int, head: Response, echoed: str = "",
                        abandoned: Optional[threading.Event] = None) -> Iterator[Response]:
     try:
+        if echoed:
+            for i in range(n):
+                yield {**head, "choices": [{"text": echoed, "index": i, "logprobs": None, "finish_reason": None}]}
         for i, chunk, totals in _read(events, n, abandoned):
+            logprobs = _text_logprobs(spec, chunk.logprobs) if chunk.logprobs else None
             if chunk.result is not None:
-                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": None,
+                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": logprobs,
                                             "finish_reason": finish_reason(chunk.result)}], **totals}
-            elif chunk.text:
-                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": None, "finish_reason": None}]}
+            elif chunk.text or logprobs:
+                yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": logprobs,
+                                            "finish_reason": None}]}
     finally:
         events.close()  # a reader that stops early stops the generation
+
+
+def create_infill(spec: Any, input_prefix: str, input_suffix: str, input_extra: Sequence[Dict[str, str]] = (),
+                  prompt: str = "", stream: bool = False, **arguments: Any) -> Union[Response, Iterator[Response]]:
+    """llama-server's ``POST /infill``: the text between ``input_prefix`` (then ``prompt``) and
+    ``input_suffix``, the project's other files (``input_extra``) read first; in llama-server's own
+    response shape (``content``, ``stop``, ``timings``...). Other arguments: create_completion's."""
+    if arguments.get("n", 1) != 1:
+        raise ConfigError("infill gives one completion; n must be 1")
+    tokens = spec.fim_tokens(input_prefix, input_suffix, list(input_extra), prompt)
+    answer = create_completion(spec, tokens, stream=stream, **arguments)
+    if stream:
+        return (_native(chunk) for chunk in answer)
+    return _native(answer)
+
+
+def _native(answer: Response) -> Response:
+    """An OpenAI completion (or chunk) of one choice in llama-server's native shape."""
+    choice = answer["choices"][0]
+    reason = choice["finish_reason"]
+    out = {"index": 0, "content": choice["text"], "stop": reason is not None, "model": answer["model"]}
+    if reason is not None:
+        usage = answer.get("usage", {})
+        out.update(stop_type="eos" if reason == "stop" else "limit", truncated=False,
+                   tokens_predicted=usage.get("completion_tokens", 0), tokens_evaluated=usage.get("prompt_tokens", 0),
+                   timings=answer.get("timings", {}))
+    return out
+
+
+def _text_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:
+    """A completion's ``logprobs`` as OpenAI's legacy completions give them (tokens, their
+    log-probabilities, the best tokens' at each and each token's offset in the text)."""
+    if logprobs is None:
+        return None
+    tokens = [_piece(spec, lp.token) for lp in logprobs]
+    offsets = [0]
+    for token in tokens[:-1]:
+        offsets.append(offsets[-1] + len(token))
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{_piece(spec, t): v for t, v in lp.top} for lp in logprobs], "text_offset": offsets}
+
+
+def _chat_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:
+    """A chat choice's ``logprobs`` as OpenAI gives them: per token, its text, bytes,
+    log-probability and the best tokens'."""
+    if logprobs is None:
+        return None
+
+    def entry(token: int, logprob: float) -> Response:
+        return {"token": _piece(spec, token), "logprob": logprob, "bytes": list(spec.model.piece(token))}
+    return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in logprobs]}
+
+
+def _piece(spec: Any, token: int) -> str:
+    return spec.model.piece(token).decode("utf-8", errors="replace")
 
 
 def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functions: Any = None,
@@ -90,7 +167,7 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
                            trim: bool = False, n: int = 1, json_schema: Any = None, batcher: Any = None,
-                           abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
+                           repeat_last_n: int = _S.penalty_last_n, abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
@@ -99,13 +176,14 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
     reason "tool_calls". ``abandoned``: as in create_completion."""
     refuse(functions=functions is not None, function_call=function_call is not None, typical_p=typical_p != 1.0,
-           frequency_penalty=frequency_penalty != 0.0, presence_penalty=presence_penalty != 0.0,
-           repeat_penalty=repeat_penalty != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
-           logits_processor=logits_processor is not None, logit_bias=bool(logit_bias),
-           logprobs=bool(logprobs), top_logprobs=top_logprobs is not None)
+           tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
+    if top_logprobs is not None and not logprobs:
+        raise ConfigError("top_logprobs needs logprobs: true")
     called = Tools.of(tools, tool_choice)
     rules = grammar_with(called, requested_grammar(response_format, grammar, json_schema))
-    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules)
+    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
+                   penalties(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias))
+    opts["logprobs"] = (top_logprobs or 0) if logprobs else None
     chat = [with_calls(m, _text_message(m)) for m in messages]
     shown = template_tools(spec.chat_template(), called, chat)
     tokens, dropped = spec.chat_prompt(chat, opts["max_tokens"], trim, tools=shown)
@@ -113,11 +191,11 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     names = called.names if called is not None and called.calls else None  # None: the reply is plain text
     events = _start(spec, batcher, tokens, n, opts)
     if stream:
-        return _chat_chunks(events, n, head, abandoned, names)
+        return _chat_chunks(spec, events, n, head, abandoned, names)
     results = _results(events, n, abandoned)
     replies = [_reply(r.text, names) for r in results]
     return {**head, "object": "chat.completion",
-            "choices": [{"index": i, "message": replies[i], "logprobs": None,
+            "choices": [{"index": i, "message": replies[i], "logprobs": _chat_logprobs(spec, r.logprobs),
                          "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
                         for i, r in enumerate(results)], **_totals(results)}
 
@@ -132,10 +210,11 @@ def _reply(text: str, names: Optional[List[str]]) -> Response:
     return {"role": "assistant", "content": content, "tool_calls": calls}
 
 
-def _chat_chunks(events: "Events", n: int, head: Response, abandoned: Optional[threading.Event] = None,
+def _chat_chunks(spec: Any, events: "Events", n: int, head: Response, abandoned: Optional[threading.Event] = None,
                  names: Optional[List[str]] = None) -> Iterator[Response]:
     """The chunks of a chat reply; with ``names`` (tools to call), each choice's text is read for
-    calls, which come as OpenAI streams them: their id and name, then their arguments."""
+    calls, which come as OpenAI streams them: their id and name, then their arguments. A chunk's
+    tokens' log-probabilities, when asked for, come with its first delta."""
     head = {**head, "object": "chat.completion.chunk"}
     readers = [CallReader(names) if names is not None else None for _ in range(n)]
     calls = [0] * n
@@ -145,8 +224,12 @@ def _chat_chunks(events: "Events", n: int, head: Response, abandoned: Optional[t
                                         "finish_reason": None}]}
         for i, chunk, totals in _read(events, n, abandoned):
             deltas, calls[i] = _deltas(readers[i], chunk, calls[i])
-            for delta in deltas:
-                yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
+            logprobs = _chat_logprobs(spec, chunk.logprobs) if chunk.logprobs else None
+            if logprobs is not None and not deltas:
+                deltas = [{"content": ""}]
+            for k, delta in enumerate(deltas):
+                yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None if k else logprobs,
+                                            "finish_reason": None}]}
             if chunk.result is not None:
                 reason = "tool_calls" if calls[i] else finish_reason(chunk.result)
                 yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}],
@@ -268,12 +351,21 @@ def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
 
 
 def options(max_tokens: Optional[int], temperature: float, top_p: float, min_p: float, top_k: int,
-            stop: Optional[Union[str, List[str]]], seed: Optional[int], grammar: Optional[Grammar] = None) -> Dict[str, Any]:
+            stop: Optional[Union[str, List[str]]], seed: Optional[int], grammar: Optional[Grammar] = None,
+            shaping: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """llama-cpp-python's arguments as llamaspec's generation options (max_tokens None or <= 0:
-    until a stop or the end of the context)."""
+    until a stop or the end of the context); ``shaping``: penalties and biases (``penalties``)."""
     return {"max_tokens": -1 if max_tokens is None or max_tokens <= 0 else max_tokens, "temperature": temperature,
             "top_p": top_p, "min_p": min_p, "top_k": top_k, "stop": [stop] if isinstance(stop, str) else (stop or []),
-            "seed": seed, "grammar": grammar}
+            "seed": seed, "grammar": grammar, **(shaping or {})}
+
+
+def penalties(repeat_penalty: float, frequency_penalty: float, presence_penalty: float, repeat_last_n: int,
+              logit_bias: Any) -> Dict[str, Any]:
+    """The penalties and logit biases of a request as generation options (llama.cpp's
+    definitions, llama-server's ``repeat_last_n`` window)."""
+    return {"repeat_penalty": repeat_penalty, "frequency_penalty": frequency_penalty,
+            "presence_penalty": presence_penalty, "penalty_last_n": repeat_last_n, "logit_bias": logit_bias}
 
 
 def requested_grammar(response_format: Any = None, grammar: Any = None, json_schema: Any = None) -> Optional[Grammar]:
@@ -314,7 +406,8 @@ def refuse(**unsupported: bool) -> None:
     """ConfigError naming the first argument set that llamaspec does not support."""
     for name, is_set in unsupported.items():
         if is_set:
-            raise ConfigError(f"{name} is not supported: llamaspec generates the target's own text, unchanged")
+            raise ConfigError(f"{name} is not supported: llamaspec verifies drafts against llama.cpp's top-k, top-p, "
+                              f"min-p, temperature, penalties, logit biases and grammars, and runs no Python callback")
 
 
 def finish_reason(result: Result) -> str:

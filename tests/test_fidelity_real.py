@@ -13,12 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from llamaspec.engine.generation import make_config
 from llamaspec.llama.binding import weight_repacking
+from llamaspec.sampling import shape
 from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
 
 from conftest import PROMPTS, QWEN, THREADS, chatml
+from test_greedy_real import NEAR_TIE
 
 N = 160
 RAW = [PROMPTS[0], chatml("Explain in detail how a hash table handles collisions."), "def fibonacci(n):"]
@@ -75,3 +79,37 @@ def test_plain_is_llama_simple(qwen_plain, model_file, i):
     echo = qwen_plain.detokenize(qwen_plain.tokenize(prompt))  # it prints the prompt's tokens first
     assert out.startswith(echo) and out.endswith("\n")
     assert out[len(echo):-1] == ours.text
+
+
+# Penalties and biases as llama.cpp's flags and as llamaspec's options: the copy-heavy edit (where
+# lookup's candidates are the prompt's text, which the penalties now discourage) and a chat answer.
+PENALTIES = ["--repeat-penalty", "1.3", "--repeat-last-n", "64", "--presence-penalty", "0.3",
+             "--frequency-penalty", "0.2", "-l", "11-inf"]  # 11 is "," in Qwen's vocabulary: banned
+SHAPING = dict(repeat_penalty=1.3, penalty_last_n=64, presence_penalty=0.3, frequency_penalty=0.2,
+               logit_bias={"11": float("-inf")})
+
+
+@pytest.mark.parametrize("prompt, copies", [(PROMPTS[2], True), (RAW[1], False)], ids=["edit", "chat"])
+def test_penalties_and_biases_are_llama_completion_s(qwen_plain, qwen_auto, model_file, reference, tmp_path, prompt,
+                                                     copies):
+    """Plain decoding with the penalties is llama-completion's text with the same flags, byte for
+    byte; every source (auto) gives the same tokens, or leaves them only at a near-tie of the
+    penalized row (on the edit, with drafts accepted)."""
+    qwen_plain.reset()
+    plain = qwen_plain.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(prompt + "\n")
+    out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
+               "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
+              + PENALTIES + ([] if weight_repacking() else ["--no-repack"]))
+    assert generated_text(out, prompt, "plain") == plain.text
+    assert 11 not in plain.tokens and plain.text != qwen_plain.generate(prompt, max_tokens=N, temperature=0).text
+    auto = qwen_auto.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    assert auto.stats.n_accept > 0 or not copies
+    if auto.tokens != plain.tokens:
+        k = next(i for i, (x, y) in enumerate(zip(auto.tokens + [-1], plain.tokens + [-1])) if x != y)
+        tokens = qwen_plain.tokenize(prompt)
+        text = tokens + plain.tokens[:k]
+        row = shape(reference(QWEN).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
+        top = np.sort(row)[-2:]
+        assert top[1] - top[0] < NEAR_TIE, f"token {k} differs (gap {top[1] - top[0]:.3f})"

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Deque, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Deque, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 import gguf
 import numpy as np
@@ -144,6 +144,13 @@ class Model:
     @property
     def add_eos(self) -> bool:
         return bool(ll.llama_vocab_get_add_eos(self._vocab))
+
+    def fim_tokens(self) -> Dict[str, int]:
+        """The fill-in-the-middle tokens the vocabulary has: of "pre", "suf", "mid", "rep", "sep"."""
+        calls = {"pre": ll.llama_vocab_fim_pre, "suf": ll.llama_vocab_fim_suf, "mid": ll.llama_vocab_fim_mid,
+                 "rep": ll.llama_vocab_fim_rep, "sep": ll.llama_vocab_fim_sep}
+        found = {name: int(call(self._vocab)) for name, call in calls.items()}
+        return {name: token for name, token in found.items() if token >= 0}
 
     def token_text(self, token: int) -> bytes:
         return ll.llama_vocab_get_text(self._vocab, token) or b""

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import completions
 from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchError
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import ChatRequest, CompletionRequest, InfillRequest
 
 log = logging.getLogger("llamaspec.server")
 # Seconds between checks, for an answer under way, that the server is stopping.
@@ -184,6 +184,12 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
         return await _answer(request, body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher,
+                             grammar, draining)
+
+    @app.post("/infill")
+    async def infill(request: Request) -> Any:
+        body = parse(await request.body(), InfillRequest)
+        return await _answer(request, body, lambda **kw: completions.create_infill(spec, **kw), waiting, batcher,
                              grammar, draining)
 
     return RequestLog(app)

@@ -7,11 +7,11 @@ are ignored.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import SamplingConfig
+from ..config import MAX_LOGPROBS, SamplingConfig
 
 _S = SamplingConfig()
 
@@ -69,9 +69,12 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: int = Field(1, ge=1)
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: Optional[Dict[str, float]] = None
+    frequency_penalty: float = _S.frequency_penalty
+    presence_penalty: float = _S.presence_penalty
+    repeat_penalty: float = Field(_S.repeat_penalty, gt=0)  # llama.cpp's extension
+    repeat_last_n: int = Field(_S.penalty_last_n, ge=-1)  # llama.cpp's extension
+    # OpenAI's {"token id": bias}, or llama-server's [[token id, bias], ...]; false bans the token
+    logit_bias: Union[Dict[str, Union[bool, float]], List[Tuple[int, Union[bool, float]]], None] = None
     # the text's constraint: OpenAI's response_format, llama-server's grammar (GBNF) and json_schema
     response_format: Optional[Dict[str, Any]] = None
     grammar: Optional[str] = None
@@ -81,7 +84,8 @@ class Sampling(BaseModel):
         """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                 "seed": self.seed, "stop": self.stop, "frequency_penalty": self.frequency_penalty,
-                "presence_penalty": self.presence_penalty, "logit_bias": self.logit_bias, "model": self.model,
+                "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
+                "repeat_last_n": self.repeat_last_n, "logit_bias": self.logit_bias, "model": self.model,
                 "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema}
 
 
@@ -92,7 +96,7 @@ class ChatRequest(Sampling):
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def arguments(self) -> Dict[str, Any]:
         return {**self.sampling(), "messages": [m.message() for m in self.messages],
@@ -101,12 +105,33 @@ class ChatRequest(Sampling):
                 "top_logprobs": self.top_logprobs}
 
 
+class ExtraFile(BaseModel):
+    text: str
+    filename: str = "tmp"
+
+
+class InfillRequest(Sampling):
+    """llama-server's /infill: the code before and after the gap, other files of the project."""
+
+    input_prefix: str
+    input_suffix: str
+    input_extra: List[ExtraFile] = []
+    prompt: str = ""
+    n_predict: int = Field(-1, ge=-1)  # llama-server's name; -1: until the model ends the middle
+    max_tokens: Optional[int] = Field(None, ge=1)
+
+    def arguments(self) -> Dict[str, Any]:
+        return {**self.sampling(), "input_prefix": self.input_prefix, "input_suffix": self.input_suffix,
+                "input_extra": [f.model_dump() for f in self.input_extra], "prompt": self.prompt,
+                "max_tokens": self.max_tokens or self.n_predict}
+
+
 class CompletionRequest(Sampling):
     prompt: Union[str, List[int]]
     max_tokens: Optional[int] = Field(16, ge=1)  # null: OpenAI's default, 16
     echo: bool = False
     suffix: Optional[str] = None
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def arguments(self) -> Dict[str, Any]:
         max_tokens = 16 if self.max_tokens is None else self.max_tokens
