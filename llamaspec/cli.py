@@ -106,6 +106,8 @@ MODEL_OPTIONS = {
     "top_p": click.option("--top-p", type=float, default=_SAMPLING.top_p, show_default=True,
                           help="Top-p in (0, 1] (1: off)."),
     "min_p": click.option("--min-p", type=float, default=_SAMPLING.min_p, show_default=True, help="Min-p (0: off)."),
+    "typical_p": click.option("--typical", "--typical-p", "typical_p", type=float, default=_SAMPLING.typical_p,
+                              show_default=True, help="Locally typical sampling, p (1: off)."),
     "seed": click.option("--seed", type=int, default=None,
                          help="Random seed, for reproducible sampling (-1 or none: a random one, reported)."),
     "stop": click.option("--stop", "stop", multiple=True, help="Stop string (repeatable); never printed."),
@@ -220,7 +222,7 @@ def _str(path: Optional[Path]) -> Optional[str]:
 
 
 def _generation_options(o: dict) -> dict:
-    keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+    keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "repeat_penalty",
             "penalty_last_n", "presence_penalty", "frequency_penalty")
     opts = {k: o[k] for k in keys}
     opts["stop"] = tuple(_utf8_option(s, "a --stop string") for s in opts["stop"])

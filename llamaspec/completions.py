@@ -11,8 +11,8 @@ is verified at (llama.cpp's definitions); ``logprobs`` come from those rows; ``s
 the middle between the prompt and it (fill-in-the-middle); ``echo`` puts the prompt before the
 text. ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``): the tools go through the model's
 chat template, calls come back as ``tool_calls``. Refused with a ConfigError naming them, when set
-to anything but their neutral value: samplers with no exact speculative form here (mirostat,
-typical-p, tail-free sampling), Python callbacks (``logits_processor``, ``stopping_criteria``),
+to anything but their neutral value: samplers not verified here (mirostat, tail-free sampling,
+which llama.cpp no longer has), Python callbacks (``logits_processor``, ``stopping_criteria``),
 the deprecated ``functions``, and ``echo`` with ``logprobs`` (a prompt's own log-probabilities are
 not computed). Responses also carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
 ``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
@@ -57,7 +57,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
     answer any more (the server's client left, the server is shutting down); the generation stops
     at its next step and the answer (or the stream's last chunks) says what it had."""
-    refuse(typical_p=typical_p != 1.0, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
+    refuse(tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None)
     if echo and logprobs is not None:
         raise ConfigError("echo with logprobs is not supported: llamaspec reads a prompt without the log-probabilities "
@@ -73,7 +73,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
             raise ConfigError("suffix needs a text prompt (the code before the gap), not tokens")
         prompt = spec.fim_tokens(prompt, suffix)
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
-                   penalties(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias))
+                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p))
     events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs})
     if stream:
         return _completion_chunks(spec, events, n, head, echoed, abandoned)
@@ -175,14 +175,13 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     (llama-server's field) constrain the reply (see ``requested_grammar``). ``tools`` and
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
     reason "tool_calls". ``abandoned``: as in create_completion."""
-    refuse(functions=functions is not None, function_call=function_call is not None, typical_p=typical_p != 1.0,
-           tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
+    refuse(functions=functions is not None, function_call=function_call is not None, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
     called = Tools.of(tools, tool_choice)
     rules = grammar_with(called, requested_grammar(response_format, grammar, json_schema))
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
-                   penalties(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias))
+                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p))
     opts["logprobs"] = (top_logprobs or 0) if logprobs else None
     chat = [with_calls(m, _text_message(m)) for m in messages]
     shown = template_tools(spec.chat_template(), called, chat)
@@ -354,18 +353,19 @@ def options(max_tokens: Optional[int], temperature: float, top_p: float, min_p: 
             stop: Optional[Union[str, List[str]]], seed: Optional[int], grammar: Optional[Grammar] = None,
             shaping: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """llama-cpp-python's arguments as llamaspec's generation options (max_tokens None or <= 0:
-    until a stop or the end of the context); ``shaping``: penalties and biases (``penalties``)."""
+    until a stop or the end of the context); ``shaping``: penalties, biases and typical-p (``shaping``)."""
     return {"max_tokens": -1 if max_tokens is None or max_tokens <= 0 else max_tokens, "temperature": temperature,
             "top_p": top_p, "min_p": min_p, "top_k": top_k, "stop": [stop] if isinstance(stop, str) else (stop or []),
             "seed": seed, "grammar": grammar, **(shaping or {})}
 
 
-def penalties(repeat_penalty: float, frequency_penalty: float, presence_penalty: float, repeat_last_n: int,
-              logit_bias: Any) -> Dict[str, Any]:
-    """The penalties and logit biases of a request as generation options (llama.cpp's
+def shaping(repeat_penalty: float, frequency_penalty: float, presence_penalty: float, repeat_last_n: int,
+            logit_bias: Any, typical_p: float) -> Dict[str, Any]:
+    """The penalties, logit biases and typical-p of a request as generation options (llama.cpp's
     definitions, llama-server's ``repeat_last_n`` window)."""
     return {"repeat_penalty": repeat_penalty, "frequency_penalty": frequency_penalty,
-            "presence_penalty": presence_penalty, "penalty_last_n": repeat_last_n, "logit_bias": logit_bias}
+            "presence_penalty": presence_penalty, "penalty_last_n": repeat_last_n, "logit_bias": logit_bias,
+            "typical_p": typical_p}
 
 
 def requested_grammar(response_format: Any = None, grammar: Any = None, json_schema: Any = None) -> Optional[Grammar]:
@@ -406,8 +406,9 @@ def refuse(**unsupported: bool) -> None:
     """ConfigError naming the first argument set that llamaspec does not support."""
     for name, is_set in unsupported.items():
         if is_set:
-            raise ConfigError(f"{name} is not supported: llamaspec verifies drafts against llama.cpp's top-k, top-p, "
-                              f"min-p, temperature, penalties, logit biases and grammars, and runs no Python callback")
+            raise ConfigError(f"{name} is not supported: llamaspec verifies drafts against llama.cpp's top-k, "
+                              f"typical-p, top-p, min-p, temperature, penalties, logit biases and grammars, and runs "
+                              f"no Python callback")
 
 
 def finish_reason(result: Result) -> str:

@@ -88,8 +88,11 @@ class ModelConfig:
 class SamplingConfig:
     """Token selection. ``temperature == 0`` is greedy; the other filters then do nothing.
 
-    Filters apply in llama.cpp's order: logit biases, penalties, top-k, top-p, min-p, then
-    temperature. ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable their filter.
+    Filters apply in llama.cpp's order: logit biases, penalties, top-k, typical-p, top-p, min-p,
+    then temperature. ``top_k == 0``, ``typical_p == 1``, ``top_p == 1`` and ``min_p == 0``
+    disable their filter. Typical-p (locally typical sampling) keeps the tokens whose surprise is
+    closest to the distribution's entropy, up to ``typical_p`` of the probability; it may drop the
+    most probable token, so even greedy decoding (``temperature == 0``) takes the best it keeps.
     ``seed`` None draws a random seed.
 
     Penalties and biases change the target's logits before any filter, greedy or not (llama.cpp's
@@ -104,6 +107,7 @@ class SamplingConfig:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: Optional[int] = None
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -119,6 +123,7 @@ class SamplingConfig:
         _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")
+        _check(0 < self.typical_p <= 1, f"typical-p must be in (0, 1], got {self.typical_p}")
         _check(math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
                f"repeat penalty must be a finite number > 0, got {self.repeat_penalty}")
         _check(math.isfinite(self.frequency_penalty) and math.isfinite(self.presence_penalty),

@@ -106,10 +106,14 @@ def transform(logits: np.ndarray, cfg: SamplingConfig) -> Distribution:
     done here: one O(n) pass computes the normaliser, and only min-p's survivors are
     ever sorted. Without min-p, top-p sorts partially, as llama.cpp does.
     """
-    if cfg.greedy:
+    if cfg.greedy and cfg.typical_p >= 1:
         return Distribution.point(int(np.argmax(logits)))
 
     top = _top_k(logits, cfg.top_k)  # candidate token ids; None: every token
+    if cfg.typical_p < 1:
+        top = _typical(logits, np.arange(len(logits)) if top is None else top, cfg.typical_p)
+        if cfg.greedy:  # llama.cpp's temperature 0 keeps the best token left
+            return Distribution.point(int(top[np.argmax(logits[top])]))
     cand = logits if top is None else logits[top]
     max_logit = cand.max()
     keep, kept = np.arange(len(cand)), cand  # positions in cand, and their logits
@@ -126,6 +130,20 @@ def transform(logits: np.ndarray, cfg: SamplingConfig) -> Distribution:
     ids = keep if top is None else top[keep]
     weights = np.exp((kept - kept.max()) / cfg.temperature).astype(np.float64)
     return Distribution(ids.astype(np.int64, copy=False), weights / weights.sum())
+
+
+def _typical(logits: np.ndarray, ids: np.ndarray, p: float) -> np.ndarray:
+    """Of the candidates ``ids``, llama.cpp's locally typical ones: by how far each one's surprise
+    ``-log p`` is from the entropy, nearest first, until their probability exceeds ``p``."""
+    x = logits[ids].astype(np.float64)
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):  # a token of probability 0: infinitely surprising
+        surprise = -np.log(probs)
+        entropy = float(np.sum(np.where(probs > 0, probs * surprise, 0.0)))
+    order = np.argsort(np.abs(surprise - entropy), kind="stable")
+    n = int(np.searchsorted(np.cumsum(probs[order]), p, side="right")) + 1  # first cum > p
+    return ids[order[:min(n, len(order))]]
 
 
 def _top_k(logits: np.ndarray, k: int) -> Optional[np.ndarray]:

@@ -74,7 +74,7 @@ def test_a_stream_left_early_stops_its_generation(smol_plain):
 
 
 @pytest.mark.parametrize("arguments, name", [
-    ({"typical_p": 0.5}, "typical_p"), ({"tfs_z": 0.5}, "tfs_z"), ({"mirostat_mode": 2}, "mirostat_mode"),
+    ({"stopping_criteria": [print]}, "stopping_criteria"), ({"tfs_z": 0.5}, "tfs_z"), ({"mirostat_mode": 2}, "mirostat_mode"),
 ])
 def test_arguments_that_would_change_the_text_are_refused_by_name(smol_plain, arguments, name):
     with pytest.raises(ConfigError, match=f"^{name} is not supported"):

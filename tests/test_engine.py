@@ -147,15 +147,17 @@ def penalized_greedy_text(prompt, n, sampling):
     """What plain greedy decoding of the fake model emits with ``sampling``'s penalties and biases."""
     text = list(prompt)
     for _ in range(n):
-        text.append(int(shape(logits_of(text), sampling, text).argmax()))
+        text.append(int(transform(shape(logits_of(text), sampling, text), sampling).ids[0]))
     return text[len(prompt):]
 
 
-def test_greedy_with_penalties_and_biases_is_plain_greedy_with_them():
+@pytest.mark.parametrize("shaping", [PENALIZED, dict(PENALIZED, typical_p=0.5)], ids=["penalties", "and typical-p"])
+def test_greedy_with_penalties_and_biases_is_plain_greedy_with_them(shaping):
     """Every row is shaped by the text along its own path, so a trie whose candidates are the
-    unpenalized text (the oracle's) and the prompt's (lookup) is verified into the penalized text."""
+    unpenalized text (the oracle's) and the prompt's (lookup) is verified into the penalized text
+    (with typical-p, greedy takes the best token it keeps)."""
     prompt = copying_prompt()
-    sampling = SamplingConfig(temperature=0, **PENALIZED)
+    sampling = SamplingConfig(temperature=0, **shaping)
     eng, ctx = engine([LookupSource(), Oracle()])
     text, accepted = [], 0
     for step in eng.steps(prompt, sampling, max_new=40):
@@ -366,7 +368,8 @@ def second_and_third_tokens(prompt_of, sampling, n, constraint_of=lambda: None) 
     return counts
 
 
-@pytest.mark.parametrize("shaping", [{}, PENALIZED], ids=["plain", "penalties and biases"])
+@pytest.mark.parametrize("shaping", [{}, PENALIZED, dict(typical_p=0.6)], ids=["plain", "penalties and biases",
+                                                                           "typical-p"])
 def test_sampling_through_the_engine_is_exact(shaping):
     """The first two tokens after the prompt's first are distributed as p(x1) p(x2 | x1), with a
     sampled draft and deterministic lookup candidates verified together in one trie; with

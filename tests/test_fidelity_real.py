@@ -81,12 +81,13 @@ def test_plain_is_llama_simple(qwen_plain, model_file, i):
     assert out[len(echo):-1] == ours.text
 
 
-# Penalties and biases as llama.cpp's flags and as llamaspec's options: the copy-heavy edit (where
-# lookup's candidates are the prompt's text, which the penalties now discourage) and a chat answer.
+# Penalties, biases and typical-p as llama.cpp's flags and as llamaspec's options: the copy-heavy
+# edit (where lookup's candidates are the prompt's text, which the penalties now discourage) and
+# a chat answer. Greedy after typical-p: the best token it keeps.
 PENALTIES = ["--repeat-penalty", "1.3", "--repeat-last-n", "64", "--presence-penalty", "0.3",
-             "--frequency-penalty", "0.2", "-l", "11-inf"]  # 11 is "," in Qwen's vocabulary: banned
+             "--frequency-penalty", "0.2", "-l", "11-inf", "--typical", "0.9"]  # 11: "," in Qwen's vocabulary
 SHAPING = dict(repeat_penalty=1.3, penalty_last_n=64, presence_penalty=0.3, frequency_penalty=0.2,
-               logit_bias={"11": float("-inf")})
+               logit_bias={"11": float("-inf")}, typical_p=0.9)
 
 
 @pytest.mark.parametrize("prompt, copies", [(PROMPTS[2], True), (RAW[1], False)], ids=["edit", "chat"])

@@ -108,7 +108,6 @@ def test_echo_returns_the_prompt_then_the_text(qwen_auto):
 @pytest.mark.parametrize("arguments, fragment", [
     ({"echo": True, "logprobs": 1}, "echo with logprobs is not supported"),
     ({"mirostat_mode": 2}, "mirostat_mode is not supported"),
-    ({"typical_p": 0.5}, "typical_p is not supported"),
     ({"tfs_z": 0.5}, "tfs_z is not supported"),
     ({"logits_processor": [print]}, "logits_processor is not supported"),
     ({"repeat_penalty": 0.0}, "repeat penalty must be a finite number > 0"),

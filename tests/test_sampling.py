@@ -139,6 +139,8 @@ def llama_cpp_chain(logits, c):
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
     try:
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(c.top_k))
+        if c.typical_p < 1:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(c.typical_p, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(c.top_p, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(c.min_p, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(c.temperature))
@@ -160,11 +162,15 @@ CONFIGS = [
     cfg(temperature=0.7, top_k=0, top_p=0.3, min_p=0.01),
     cfg(temperature=1.0, top_k=20, top_p=0.5, min_p=0.2),
     cfg(temperature=2.0, top_k=500, top_p=0.99, min_p=0.001),
+    cfg(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, typical_p=0.5),
+    cfg(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.9),
+    cfg(temperature=0.7, top_k=0, top_p=0.8, min_p=0.02, typical_p=0.3),
 ]
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("c", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+@pytest.mark.parametrize("c", CONFIGS,
+                         ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}-y{c.typical_p}")
 def test_matches_llama_cpp(c, seed):
     rng = np.random.default_rng(seed)
     n_vocab = [3000, 5000, 32000, 1500][seed]  # > 1024 exercises llama.cpp's partial-sort path
@@ -242,3 +248,17 @@ def test_shaping_nothing_is_the_row_itself():
 def test_bad_penalties_are_one_line_errors(bad, message):
     with pytest.raises(ConfigError, match=message):
         SamplingConfig(**bad)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_with_typical_p_takes_the_best_token_typical_p_keeps(seed):
+    """llama.cpp's temperature 0 after typical-p: the best of the tokens it keeps, which need not
+    be the best token (a peaked row's favourite is far less surprising than its entropy)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=3000).astype(np.float32)
+    logits[7] += 7  # the favourite (p ~ 0.2): its surprise is far below the entropy of the rest
+    c = cfg(temperature=1.0, typical_p=0.2)
+    ids, _ = llama_cpp_chain(logits, c)
+    greedy = transform(logits, cfg(temperature=0, typical_p=0.2))
+    assert greedy.ids.tolist() == [max(ids.tolist(), key=lambda t: logits[t])]
+    assert 7 not in ids.tolist() and int(np.argmax(logits)) == 7

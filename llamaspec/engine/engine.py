@@ -373,8 +373,11 @@ class Engine:
                 ctx.truncate(common_prefix(ctx.tokens, text))
 
 
-def target_argmax(row: np.ndarray, constraint: Optional[Constraint]) -> int:
-    """The target's greedy token from its ``row``: among the tokens ``constraint`` allows, if any."""
+def target_argmax(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint]) -> int:
+    """The target's greedy token from its ``row``: among the tokens ``constraint`` allows, if any
+    (and typical-p keeps: it may drop the best one)."""
+    if sampling.typical_p < 1:
+        return int(target_distribution(row, sampling, constraint).ids[0])
     return constraint.argmax(row) if constraint is not None else int(row.argmax())
 
 
@@ -388,7 +391,7 @@ def choose(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Const
     """The target's token from its ``row`` alone (no candidate): greedy, its argmax; sampling, a
     draw at the position's ``uniform``; with a ``constraint``, among the tokens it allows."""
     if sampling.greedy:
-        return target_argmax(row, constraint)
+        return target_argmax(row, sampling, constraint)
     return sample_at(target_distribution(row, sampling, constraint), uniform())
 
 
@@ -415,7 +418,7 @@ def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.rando
         return logits[v]
 
     if sampling.greedy:
-        path, token = walk_greedy(trie.children, lambda v: target_argmax(row(v), constraint))
+        path, token = walk_greedy(trie.children, lambda v: target_argmax(row(v), sampling, constraint))
     else:
         path, token = walk_sampled(trie.children, trie.q, lambda v: target_distribution(row(v), sampling, constraint),
                                    rng, uniform)

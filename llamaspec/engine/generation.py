@@ -139,7 +139,7 @@ _SAMPLING = SamplingConfig()
 
 def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: Union[str, Sequence[str], None] = (),
                 temperature: float = _SAMPLING.temperature, top_k: int = _SAMPLING.top_k,
-                top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p,
+                top_p: float = _SAMPLING.top_p, min_p: float = _SAMPLING.min_p, typical_p: float = _SAMPLING.typical_p,
                 seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None,
                 repeat_penalty: float = _SAMPLING.repeat_penalty, frequency_penalty: float = _SAMPLING.frequency_penalty,
                 presence_penalty: float = _SAMPLING.presence_penalty, penalty_last_n: int = _SAMPLING.penalty_last_n,
@@ -154,7 +154,7 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
     number of most probable tokens whose log-probabilities come with each token's."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     max_tokens = -1 if max_tokens is None else max_tokens
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                               seed=None if seed == -1 else seed, repeat_penalty=repeat_penalty,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                               penalty_last_n=penalty_last_n, logit_bias=biases(logit_bias))

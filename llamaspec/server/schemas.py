@@ -64,6 +64,7 @@ class Sampling(BaseModel):
     top_p: float = Field(_S.top_p, gt=0, le=1)
     top_k: int = Field(_S.top_k, ge=0)  # llama.cpp's extension
     min_p: float = Field(_S.min_p, ge=0, le=1)  # llama.cpp's extension
+    typical_p: float = Field(_S.typical_p, gt=0, le=1)  # llama.cpp's extension
     seed: Optional[int] = Field(None, ge=-1, lt=2**63)
     stop: Union[str, List[str], None] = None
     stream: bool = False
@@ -79,14 +80,20 @@ class Sampling(BaseModel):
     response_format: Optional[Dict[str, Any]] = None
     grammar: Optional[str] = None
     json_schema: Optional[Dict[str, Any]] = None
+    # samplers llamaspec does not verify: read so that a request setting them gets a 400, not silence
+    mirostat: int = 0  # llama-server's name
+    mirostat_mode: int = 0  # llama-cpp-python's
+    tfs_z: float = 1.0
 
     def sampling(self) -> Dict[str, Any]:
         """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "typical_p": self.typical_p,
                 "seed": self.seed, "stop": self.stop, "frequency_penalty": self.frequency_penalty,
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "logit_bias": self.logit_bias, "model": self.model,
-                "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema}
+                "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema,
+                "mirostat_mode": self.mirostat_mode or self.mirostat, "tfs_z": self.tfs_z}
 
 
 class ChatRequest(Sampling):
