@@ -14,8 +14,9 @@ chat template, calls come back as ``tool_calls``. Refused with a ConfigError nam
 to anything but their neutral value: samplers not verified here (mirostat, tail-free sampling,
 which llama.cpp no longer has), Python callbacks (``logits_processor``, ``stopping_criteria``),
 the deprecated ``functions``, and ``echo`` with ``logprobs`` (a prompt's own log-probabilities are
-not computed). Responses also carry llama-server's ``timings`` object. ``n`` choices are n samples decoded together; with a
-``batcher`` (LlamaSpec.batcher) a request is decoded beside the batcher's other requests.
+not computed). Responses also carry llama-server's ``timings`` object. ``n`` choices are n
+samples decoded together; with a ``batcher`` (LlamaSpec.batcher) a request is decoded beside the
+batcher's other requests.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
                            trim: bool = False, n: int = 1, json_schema: Any = None, batcher: Any = None,
-                           repeat_last_n: int = _S.penalty_last_n, abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
+                           repeat_last_n: int = _S.penalty_last_n,
+                           abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
@@ -175,7 +177,8 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     (llama-server's field) constrain the reply (see ``requested_grammar``). ``tools`` and
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
     reason "tool_calls". ``abandoned``: as in create_completion."""
-    refuse(functions=functions is not None, function_call=function_call is not None, tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
+    refuse(functions=functions is not None, function_call=function_call is not None, tfs_z=tfs_z != 1.0,
+           mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
     called = Tools.of(tools, tool_choice)

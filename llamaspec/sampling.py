@@ -10,7 +10,7 @@ needs that distribution itself, not just a draw from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,6 +38,15 @@ class Distribution:
         """Probability of ``token`` (0 when it is not in the support)."""
         hit = self.probs[self.ids == token]
         return float(hit[0]) if hit.size else 0.0
+
+
+def recent(text: Sequence[int], cfg: SamplingConfig) -> List[int]:
+    """The end of ``text`` the penalties look back on (``shape`` of a row after ``text`` + more
+    tokens needs only this + them): its last ``penalty_last_n`` tokens, all with -1, none without
+    penalties."""
+    if not cfg.penalized:
+        return []
+    return list(text if cfg.penalty_last_n < 0 else text[-cfg.penalty_last_n:])
 
 
 def shape(logits: np.ndarray, cfg: SamplingConfig, text: Sequence[int]) -> np.ndarray:

@@ -64,7 +64,7 @@ from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout, Trie
-from ..sampling import Distribution, TokenLogprob, logprob_of, sample_at, shape, transform
+from ..sampling import Distribution, TokenLogprob, logprob_of, recent, sample_at, shape, transform
 from ..sequences import common_prefix
 from ..sources.base import Outcome
 from .acceptance import walk_greedy, walk_sampled
@@ -343,8 +343,9 @@ class Engine:
         path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth), ln.constraint,
                            ln.tokens)
         accepted = [trie.token[v] for v in path]
+        before = recent(ln.tokens, ln.sampling)
         logprobs = () if ln.logprobs is None else tuple(
-            logprob_of(shape(logits[v], ln.sampling, ln.tokens + accepted[:j]), x, ln.logprobs)
+            logprob_of(shape(logits[v], ln.sampling, before + accepted[:j]), x, ln.logprobs)
             for j, (v, x) in enumerate(zip([0] + path, accepted + [token])))
         ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
         if path:
@@ -410,11 +411,13 @@ def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.rando
     the next token at the end. A branch the walk leaves is never looked at, so no state of one
     branch reaches another, and a candidate token the grammar forbids is never the target's.
     """
+    before = recent(text, sampling)  # not the whole text again for every row
+
     def row(v: int) -> np.ndarray:
         if constraint is not None and v:  # the walk entered v: its token is the text's
             constraint.advance(trie.token[v])
         if sampling.shaped:
-            return shape(logits[v], sampling, list(text) + [trie.token[u] for u in trie.path(v)])
+            return shape(logits[v], sampling, before + [trie.token[u] for u in trie.path(v)])
         return logits[v]
 
     if sampling.greedy:
