@@ -17,7 +17,7 @@ The package, layer by layer, in the order data flows through a step::
     measure/   bench, compare, agreement, replays of recorded answers
 """
 
-from .llama.binding import ModelPool
+from .llama.pool import ModelPool
 from .measure.agreement import AgreementReport, CandidateAgreement, agreement
 from .api import LlamaSpec, load
 from .engine.batcher import Batcher
@@ -34,6 +34,7 @@ from .errors import (
     LlamaspecError,
     ModelError,
     PromptError,
+    RemoteError,
     StreamClosedError,
     UnknownModelError,
     VocabMismatchError,
@@ -63,6 +64,7 @@ __all__ = [
     "ModelError",
     "ModelPool",
     "PromptError",
+    "RemoteError",
     "RequestStream",
     "Result",
     "SamplingConfig",

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .llama.binding import Context, Model, ModelPool, gpus, max_sequences, supports_gpu_offload
+from .llama.binding import Context, Model, gpus, max_sequences, supports_gpu_offload
+from .llama.pool import ModelPool
 from .llama.chat import ChatTemplate, Message, fit
 from .llama import infill
 from . import completions
@@ -79,13 +80,15 @@ class LlamaSpec:
         caches = NgramCaches.open(lookup) if Need.CACHE_FILES in needed else None
         _warn_about(target, draft)
         self._pool = pool if pool is not None else ModelPool()
-        self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.n_gpu_layers)
+        self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.offloaded, target.rpc,
+                                    target.tensor_split, target.rpc_timeout)
         self.draft_model: Optional[Model] = None
         self.ctx: Optional[Context] = None
         self._draft_ctx: Optional[Context] = None
         try:
             if draft is not None and Need.DRAFT_MODEL in needed:
-                self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.n_gpu_layers)
+                self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.offloaded,
+                                                  draft.rpc, draft.tensor_split, draft.rpc_timeout)
                 check_compatible(self.model, self.draft_model)
             if caches is not None:
                 caches.validate_vocab(self.model.n_vocab)
@@ -93,13 +96,13 @@ class LlamaSpec:
                 warnings.warn(f"the context ({target.n_ctx} tokens) exceeds the {self.model.n_ctx_train} "
                               f"{self.model.path.name} was trained on: expect worse text past that", LlamaspecWarning,
                               stacklevel=2)
-            self.ctx = Context(self.model, target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
+            self.ctx = self.model.context(target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
             draft_curve = None
             if self.draft_model is not None and draft is not None:
                 # a sequence per lane: one text, or the samples of one prompt decoded together
-                self._draft_ctx = Context(self.draft_model, draft.n_ctx, draft.threads, draft.n_batch, MAX_SAMPLES)
+                self._draft_ctx = self.draft_model.context(draft.n_ctx, draft.threads, draft.n_batch, MAX_SAMPLES)
                 draft_curve = load_or_measure_draft(self._draft_ctx, curve, self.model, costs_file, progress)
             self._costs = CostModel(curve, {DRAFT: draft_curve} if draft_curve is not None else None)
             self._names, self._fixed = names, spec.fixed
@@ -218,11 +221,11 @@ class LlamaSpec:
             self._check_open()
             cfg, n_ctx = self.target_config, self.ctx.n_ctx
             # every lane's share, and room for one batch of branch rows on top of them
-            ctx = Context(self.model, n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
+            ctx = self.model.context(n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
             contexts, loaded = [ctx], replace(self._loaded, drafts=None)
             if self._draft_ctx is not None:
                 d = self._draft_ctx
-                draft_ctx = Context(d.model, d.n_ctx * parallel, d.threads, d.n_batch, parallel)
+                draft_ctx = d.model.context(d.n_ctx * parallel, d.threads, d.n_batch, parallel)
                 contexts.append(draft_ctx)
                 loaded = replace(self._loaded, drafts=DraftSequences(draft_ctx))
             planner = self._planner(self._costs.fresh())  # learns this batch's timings, not ours
@@ -408,7 +411,7 @@ def _warn_about(*configs: Optional[ModelConfig]) -> None:
         if cfg.threads > cores:
             warnings.warn(f"{cfg.threads} threads on {cores} cores: llama.cpp runs slower with more threads than "
                           f"cores", LlamaspecWarning, stacklevel=3)
-        if cfg.n_gpu_layers != 0 and not gpus():
+        if cfg.n_gpu_layers != 0 and not cfg.rpc and not gpus():
             why = ("found no GPU: the GPU layers run on the CPU" if supports_gpu_offload() else
                    "was built without GPU support: the GPU layers are ignored (rebuild it with CMAKE_ARGS, see the README)")
             warnings.warn(f"this llama-cpp-python {why}", LlamaspecWarning, stacklevel=3)
@@ -419,13 +422,18 @@ def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup:
          n_ctx: int = ModelConfig.n_ctx, n_threads: Optional[int] = None, n_gpu_layers: int = ModelConfig.n_gpu_layers,
          n_gpu_layers_draft: int = ModelConfig.n_gpu_layers, draft_max: int = DraftConfig.draft_max,
          draft_min: int = DraftConfig.draft_min, draft_p_min: float = DraftConfig.draft_p_min,
-         cache_dir: Optional[Path] = None, progress: bool = True) -> LlamaSpec:
+         cache_dir: Optional[Path] = None, progress: bool = True, rpc: Sequence[str] = (), rpc_draft: bool = False,
+         tensor_split: Sequence[float] = (), rpc_timeout: float = ModelConfig.rpc_timeout) -> LlamaSpec:
     """Load a target model (a GGUF path or a models.txt name) and optionally a draft model.
 
     ``spec``: "auto" (every source the models allow), "none" (plain decoding) or a list such as
     "lookup,lookahead,draft". ``lookup=True`` / ``lookahead=True`` are shorthands that restrict
     the sources to those (plus the draft model when one is given); a LookupConfig or
     LookaheadConfig sets their parameters. ``references``: texts lookup and lookahead copy from.
+    ``rpc``: llama.cpp RPC servers ("HOST:PORT", each running rpc-server) that hold the target's
+    layers (all of them unless ``n_gpu_layers`` says how many; ``tensor_split``: each one's share);
+    the draft model stays here unless ``rpc_draft``. A decode on them that takes longer than
+    ``rpc_timeout`` seconds ends the generation with RemoteError.
     """
     spec_cfg = SpecConfig.parse(spec)
     chosen = [name for name, on in (("lookup", lookup), ("lookahead", lookahead)) if on is True]
@@ -433,8 +441,10 @@ def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup:
         if spec_cfg.sources is not None:
             raise ConfigError("give spec or the lookup=True / lookahead=True shorthands, not both")
         spec_cfg = SpecConfig(frozenset(chosen + (["draft"] if draft else [])))
-    target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-    draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft) if draft else None
+    placed = dict(rpc=tuple(rpc), tensor_split=tuple(tensor_split), rpc_timeout=rpc_timeout)
+    target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, **placed)
+    draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft,
+                            **(placed if rpc_draft else {})) if draft else None
     lookup_cfg = lookup if isinstance(lookup, LookupConfig) else LookupConfig()
     lookahead_cfg = lookahead if isinstance(lookahead, LookaheadConfig) else LookaheadConfig()
     return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress,

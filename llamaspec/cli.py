@@ -21,6 +21,7 @@ import click
 from .planning import costs
 from .llama import models
 from .llama.binding import Model, gpus
+from .llama.pool import ModelPool
 from .planning.acceptance_model import AcceptanceModel
 from .measure.agreement import agreement as agreement_run, format_report
 from .api import MAX_SAMPLES, LlamaSpec
@@ -170,6 +171,15 @@ MODEL_OPTIONS = {
                                          "window every step, as llama-lookahead does."),
     "cache_dir": click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                               help="Model cache [default: $LLAMASPEC_CACHE or the platform cache]."),
+    "rpc": click.option("--rpc", "rpc", default=None, metavar="HOST:PORT,...",
+                        help="llama.cpp RPC servers (rpc-server) that hold the target's layers (all unless -ngl "
+                             "says how many). Unauthenticated, unencrypted: trusted networks only."),
+    "rpc_draft": click.option("--rpc-draft", is_flag=True, help="Place the draft model on the --rpc servers too."),
+    "tensor_split": click.option("-ts", "--tensor-split", "tensor_split", default=None, metavar="SHARES",
+                                 help="Each device's share of the offloaded layers, the RPC servers first, "
+                                      "e.g. 3,1."),
+    "rpc_timeout": click.option("--rpc-timeout", type=float, default=ModelConfig.rpc_timeout, show_default=True,
+                                help="Seconds one decode on the RPC servers may take before they count as gone."),
 }
 
 
@@ -203,11 +213,12 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
         model, pair_draft = models.default_pair()
         if default_draft and draft is None:
             draft = pair_draft
-    target = ModelConfig(model, n_ctx=o["n_ctx"], n_threads=o["n_threads"], n_gpu_layers=o["n_gpu_layers"])
+    placed = _placement(o)
+    target = ModelConfig(model, n_ctx=o["n_ctx"], n_threads=o["n_threads"], n_gpu_layers=o["n_gpu_layers"], **placed)
     draft_cfg = None
     if draft:
         draft_cfg = ModelConfig(draft, n_ctx=o["n_ctx"], n_threads=o["n_threads"],
-                                n_gpu_layers=o["n_gpu_layers_draft"])
+                                n_gpu_layers=o["n_gpu_layers_draft"], **(placed if o["rpc_draft"] else {}))
     spec = _spec_option(o, draft_cfg is not None)
     lookahead = LookaheadConfig(o["lookahead_w"], o["lookahead_n"], o["lookahead_g"])
     lookup = LookupConfig(ngram_min=o["lookup_ngram_min"], ngram_max=o["lookup_ngram_max"],
@@ -215,6 +226,20 @@ def _load(o: dict, default_draft: bool) -> LlamaSpec:
     references = [_read(path, "reference ") for path in o["references"]]
     return LlamaSpec(target, draft_cfg, DraftConfig(o["draft_max"], o["draft_min"], o["draft_p_min"]), o["cache_dir"],
                      progress=True, lookup=lookup, references=references, lookahead=lookahead, spec=spec)
+
+
+def _placement(o: dict) -> dict:
+    """Where --rpc, --tensor-split and --rpc-timeout place a model (ModelConfig's fields)."""
+    shares = []
+    for share in _names(o.get("tensor_split")) or []:
+        try:
+            shares.append(float(share))
+        except ValueError:
+            raise click.UsageError(f"--tensor-split takes numbers separated by commas, got {o['tensor_split']!r}")
+    servers = tuple(_names(o.get("rpc")) or ())
+    if o.get("rpc_draft") and not servers:
+        raise click.UsageError("--rpc-draft places the draft model on the --rpc servers: give --rpc")
+    return dict(rpc=servers, tensor_split=tuple(shares), rpc_timeout=o.get("rpc_timeout", ModelConfig.rpc_timeout))
 
 
 def _str(path: Optional[Path]) -> Optional[str]:
@@ -443,7 +468,8 @@ def serve(host: str, port: int, api_key: Optional[str], queue: int, parallel: in
         together = f", {parallel} requests decoded together" if parallel > 1 else ""
         click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}{together}) on http://{host}:{port}/v1; "
                    f"Ctrl-C stops", err=True)
-        run_server(spec, host, port, queue, api_key, parallel, grammar)
+        run_server(spec, host, port, queue, api_key, parallel, grammar,
+                   reload=(lambda: _load(o, default_draft=False)) if o["rpc"] else None)
 
 
 @cli.group("models")
@@ -578,7 +604,7 @@ def curve_summary(curve: CostCurve, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 
 
 # --- bench, profile, compare ----------------------------------------------------------------
 _RUN_OPTIONS = ("model", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "max_tokens",
-                "draft_max", "draft_min", "draft_p_min")
+                "draft_max", "draft_min", "draft_p_min", "rpc", "rpc_draft", "tensor_split", "rpc_timeout")
 
 
 def _bench_settings(o: dict, repeat: int, temperature: float = 0.0, seed: Optional[int] = None) -> BenchSettings:
@@ -590,7 +616,7 @@ def _bench_settings(o: dict, repeat: int, temperature: float = 0.0, seed: Option
     return BenchSettings(model, draft, n_predict=o["max_tokens"], n_ctx=o["n_ctx"], n_threads=o["n_threads"],
                          n_gpu_layers=o["n_gpu_layers"], n_gpu_layers_draft=o["n_gpu_layers_draft"],
                          draft_max=o["draft_max"], draft_min=o["draft_min"], draft_p_min=o["draft_p_min"],
-                         temperature=temperature, seed=seed, repeat=repeat)
+                         temperature=temperature, seed=seed, repeat=repeat, rpc_draft=o["rpc_draft"], **_placement(o))
 
 
 def _names(value: Optional[str]) -> Optional[List[str]]:
@@ -659,17 +685,23 @@ def bench_command(temperature: float, strategies: Optional[str], suite_name: str
 
 
 @cli.command("profile")
-@some_model_options("model", "n_threads", "n_gpu_layers", "cache_dir")
+@some_model_options("model", "n_threads", "n_gpu_layers", "rpc", "tensor_split", "rpc_timeout", "cache_dir")
 @click.option("--repeats", type=int, default=2, show_default=True,
               help="Measurements of each size; the fastest counts.")
 def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers: int, cache_dir: Optional[Path],
-                    repeats: int) -> None:
-    """Measure what one decode of n tokens costs, n = 1..32, on this machine, and cache the curve
-    that lookup and lookahead size their drafts with."""
-    config = ModelConfig(model or models.default_pair()[0], n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+                    repeats: int, **o: Any) -> None:
+    """Measure what one decode of n tokens costs, n = 1..32, on this machine (or on the RPC servers
+    given), and cache the curve that the planner sizes drafts with."""
+    config = ModelConfig(model or models.default_pair()[0], n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                         **_placement(o))
     path = models.resolve_model(config.path, cache_dir)
     cache_file = models.cache_dir(cache_dir) / "costs.json"
-    curve = costs.profile(path, config.threads, config.n_ctx, config.n_gpu_layers, repeats, cache_file)
+    pool = ModelPool()
+    loaded = pool.get(path, config.offloaded, config.rpc, config.tensor_split, config.rpc_timeout)
+    try:
+        curve = costs.profile(loaded, config.threads, config.n_ctx, repeats, cache_file)
+    finally:
+        pool.release(loaded)
     deep = curve.deep_context if curve.deep is not None else 0
     on = "".join(f", {d.name}: {d.description}" for d in gpus()) if curve.backend != "cpu" else ""
     click.echo(f"{path.name}: threads {curve.threads}, backend {curve.backend}{on}, fastest of {repeats}, "

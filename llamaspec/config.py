@@ -53,6 +53,15 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def endpoint(server: str) -> Tuple[str, int]:
+    """An RPC server's ``HOST:PORT`` (as rpc-server listens; an IPv6 host in brackets) as (host,
+    port); ConfigError for anything else."""
+    host, sep, port = server.strip().rpartition(":")
+    _check(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
+           f"an RPC server is HOST:PORT (as rpc-server listens), got {server!r}")
+    return host.strip("[]"), int(port)
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -70,6 +79,9 @@ class ModelConfig:
     n_threads: Optional[int] = None  # None: every core this process may use
     n_gpu_layers: int = 0  # -1 offloads every layer (Metal/CUDA builds only)
     n_batch: int = 512
+    rpc: Tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) that hold the offloaded layers
+    tensor_split: Tuple[float, ...] = ()  # each device's share of those layers, the RPC servers first
+    rpc_timeout: float = 30.0  # seconds one decode on RPC servers may take before they count as gone
 
     def __post_init__(self) -> None:
         _check(bool(str(self.path).strip()), "model path is empty")
@@ -78,6 +90,17 @@ class ModelConfig:
         _check(self.n_threads is None or self.n_threads >= 1, f"threads must be >= 1, got {self.n_threads}")
         _check(self.n_gpu_layers >= -1, f"GPU layers must be >= -1, got {self.n_gpu_layers}")
         _check(self.n_batch >= 1, f"batch size must be >= 1, got {self.n_batch}")
+        for server in self.rpc:
+            endpoint(server)
+        _check(all(math.isfinite(x) and x >= 0 for x in self.tensor_split) and sum(self.tensor_split or [1]) > 0,
+               f"a tensor split is shares >= 0, not all 0, got {','.join(map(str, self.tensor_split))}")
+        _check(self.rpc_timeout > 0, f"the RPC timeout must be > 0 seconds, got {self.rpc_timeout}")
+
+    @property
+    def offloaded(self) -> int:
+        """The layers placed on devices: ``n_gpu_layers``, or, on RPC servers with none given, every
+        one (-1), as llama.cpp's programs place a model with --rpc."""
+        return -1 if self.rpc and self.n_gpu_layers == 0 else self.n_gpu_layers
 
     @property
     def threads(self) -> int:

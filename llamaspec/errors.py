@@ -43,6 +43,13 @@ class DecodeError(LlamaspecError):
     """llama.cpp refused an operation (a failed llama_decode, a refused cache removal)."""
 
 
+class RemoteError(DecodeError):
+    """An RPC server a model is placed on died or stopped answering: the generation it ended
+    keeps what it had (``results``, where one was under way) and the model must be loaded again."""
+
+    results: list = []
+
+
 class StreamClosedError(LlamaspecError):
     """A stream was read after another generation on the same LlamaSpec closed it."""
 

@@ -6,8 +6,9 @@
 #
 # OUT_DIR defaults to ~/.cache/llamaspec/llama.cpp-VERSION, where `llamaspec compare` and the tests
 # find the programs. TARGETS chooses the programs (default: every one `llamaspec compare` and the
-# tests run); the CPU's flags come from scripts/cpu_cmake_args.sh, as for llama-cpp-python; extra
-# CMake flags come from CMAKE_ARGS (e.g. CMAKE_ARGS="-DGGML_CUDA=on").
+# tests run, and rpc-server, built ggml-rpc-server); the flags come from scripts/cmake_args.sh (the
+# CPU's, the RPC backend), as for llama-cpp-python; extra CMake flags come from CMAKE_ARGS (e.g.
+# CMAKE_ARGS="-DGGML_CUDA=on").
 # Takes about 5 minutes on 2 cores (a rebuild with nothing changed: seconds).
 set -euo pipefail
 python=${PYTHON:-python}
@@ -21,11 +22,11 @@ if [ ! -f "$sdist" ]; then
 fi
 tree="$src/llama_cpp_python-$version/vendor/llama.cpp"
 [ -d "$tree" ] || tar xzf "$sdist" -C "$src"
-cpu_flags="$(sh "$(dirname "$0")/cpu_cmake_args.sh")"
-targets="${TARGETS:-llama-simple llama-speculative-simple llama-lookup llama-lookup-create llama-lookup-stats llama-lookahead llama-completion llama-bench}"
+flags="$(sh "$(dirname "$0")/cmake_args.sh" | sed 's/-DLLAVA_BUILD=OFF//')"  # llava: llama-cpp-python's flag
+targets="${TARGETS:-llama-simple llama-speculative-simple llama-lookup llama-lookup-create llama-lookup-stats llama-lookahead llama-completion llama-bench ggml-rpc-server}"
 # shellcheck disable=SC2086
 cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF $cpu_flags ${CMAKE_ARGS:-} >&2
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF $flags ${CMAKE_ARGS:-} >&2
 # shellcheck disable=SC2086
 cmake --build "$out/build" --config Release -j "$(nproc 2>/dev/null || echo 2)" --target $targets >&2
 echo "$out/build/bin"

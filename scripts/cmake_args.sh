@@ -9,10 +9,13 @@
 #   an H100 or H200): one architecture compiles in minutes, llama.cpp's default list of them takes
 #   far longer; "native" where nvidia-smi does not answer (CMake then asks the GPU itself).
 # metal: and Metal (Apple GPUs; llama-cpp-python turns it on by itself on Apple machines).
-# Every backend: no llava/mtmd library, which llamaspec does not use.
+# Every backend: llama.cpp's RPC backend (a model's layers on rpc-server processes, --rpc), and
+# no llava/mtmd library, which llamaspec does not use.
+# pip keeps a wheel it built by version, whatever the flags: `pip cache remove llama_cpp_python`
+# before a build with other flags, or --force-reinstall --no-cache-dir as above.
 set -eu
 here="$(dirname "$0")"
-flags="-DLLAVA_BUILD=OFF $(sh "$here/cpu_cmake_args.sh")"
+flags="-DLLAVA_BUILD=OFF -DGGML_RPC=ON $(sh "$here/cpu_cmake_args.sh")"
 case "${1:-cpu}" in
     cpu) ;;
     cuda)

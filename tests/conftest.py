@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 import llamaspec
 from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
-from llamaspec.llama.binding import Context, Model, ModelPool
+from llamaspec.llama.binding import Context, Model
+from llamaspec.llama.pool import ModelPool
 from llamaspec.cli import cli
 
 # A suite started as a background job inherits SIGINT ignored, and so would the programs the

@@ -38,6 +38,18 @@ def test_a_backend_is_named_by_its_gpus_and_the_layers_they_hold(names, ngl, exp
     assert offload_name(names, ngl, 30) == expected
 
 
+def test_a_placement_on_rpc_servers_is_named_by_the_servers_first_and_the_split(monkeypatch):
+    from types import SimpleNamespace
+    placed = SimpleNamespace(rpc=("10.0.0.2:50052", "10.0.0.3:50052"), n_gpu_layers=-1, n_layer=28, tensor_split=())
+    monkeypatch.setattr(binding, "gpus", lambda: [H100])
+    assert backend_name(placed) == "RPC[10.0.0.2:50052]+RPC[10.0.0.3:50052]+CUDA0 (all layers)"
+    placed.tensor_split, placed.n_gpu_layers = (3.0, 1.0, 0.5), 12
+    assert backend_name(placed) == "RPC[10.0.0.2:50052]+RPC[10.0.0.3:50052]+CUDA0 (12 of 29 layers, split 3,1,0.5)"
+    monkeypatch.setattr(binding, "gpus", lambda: [])
+    placed.tensor_split = ()
+    assert backend_name(placed) == "RPC[10.0.0.2:50052]+RPC[10.0.0.3:50052] (12 of 29 layers)"
+
+
 def test_costs_are_cached_per_backend_and_offload(model_file, monkeypatch, tmp_path):
     """A curve measured on a (fake) GPU with every layer offloaded is found again for that
     offload, not for the CPU nor for a partial offload, which have curves of their own."""
@@ -95,7 +107,7 @@ def test_cuda_flags_name_the_gpus_compute_capabilities(tmp_path, smi, archs):
 
 def test_cpu_and_metal_flags_and_a_wrong_backend(tmp_path):
     cpu = _cmake_args(tmp_path).stdout.strip()
-    assert cpu.startswith("-DLLAVA_BUILD=OFF") and "CUDA" not in cpu
+    assert cpu.startswith("-DLLAVA_BUILD=OFF -DGGML_RPC=ON") and "CUDA" not in cpu  # every build: --rpc works
     assert _cmake_args(tmp_path, "metal").stdout.strip() == f"{cpu} -DGGML_METAL=on"
     wrong = _cmake_args(tmp_path, "rocm")
     assert wrong.returncode == 2 and wrong.stderr.strip() == "usage: sh scripts/cmake_args.sh [cpu|cuda|metal]"

@@ -1,6 +1,7 @@
 import pytest
 
 from llamaspec import ConfigError, DraftConfig, GenerationConfig, ModelConfig, SamplingConfig
+from llamaspec.config import endpoint
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -47,3 +48,20 @@ def test_spec_parsing():
     for text in ("auto,lookup", "", " , "):
         with pytest.raises(ConfigError, match="--spec takes auto, none or"):
             SpecConfig.parse(text)
+
+@pytest.mark.parametrize("server", ["localhost", "host:", ":50052", "host:0", "host:65536", "host:port", ""])
+def test_an_rpc_server_is_host_and_port(server):
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        ModelConfig("m", rpc=(server,))
+
+
+def test_rpc_placement():
+    assert endpoint("10.0.0.2:50052") == ("10.0.0.2", 50052) and endpoint("[::1]:1") == ("::1", 1)
+    assert ModelConfig("m", rpc=("h:1",)).offloaded == -1  # every layer there unless -ngl says
+    assert ModelConfig("m", rpc=("h:1",), n_gpu_layers=12).offloaded == 12
+    assert ModelConfig("m").offloaded == 0
+    for split in [(-1.0, 1.0), (0.0, 0.0), (float("nan"),)]:
+        with pytest.raises(ConfigError, match="tensor split"):
+            ModelConfig("m", tensor_split=split)
+    with pytest.raises(ConfigError, match="RPC timeout"):
+        ModelConfig("m", rpc=("h:1",), rpc_timeout=0)

@@ -32,7 +32,7 @@ from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Source
 from ..config import GenerationConfig
 from ..sources.consensus import Siblings
-from ..errors import ConfigError, LlamaspecError, StreamClosedError
+from ..errors import ConfigError, LlamaspecError, RemoteError, StreamClosedError
 from ..grammar import Constraint, GrammarVocabulary, constraint_of
 from ..sources.registry import TextContext
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
@@ -251,9 +251,12 @@ class Scheduler:
         try:
             steps = self.engine.step()
         except BaseException as e:  # the caches are consistent again; every request on them fails
-            for sample in list(self._samples.values()):
+            ended = list(self._samples.values())
+            for sample in ended:
                 sample.request.error = e
                 self._finish(sample, "interrupted")
+            if isinstance(e, RemoteError):  # the servers went: the error carries what the texts had
+                e.results = [sample.request.results[sample.index] for sample in ended]
             raise
         for lane, step in steps:
             sample = self._samples[lane]

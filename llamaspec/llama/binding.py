@@ -78,21 +78,33 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     _ptr = None
+    rpc: Tuple[str, ...] = ()  # the RPC servers it is placed on (a RemoteModel's)
+    tensor_split: Tuple[float, ...] = ()
+    broken: Optional[str] = None  # why it can decode no more (a RemoteModel whose servers failed)
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, vocab_only: bool = False) -> None:
-        """Load ``path``; with ``vocab_only`` only the tokenizer (fast, no weights)."""
+    def __init__(self, path: Path, n_gpu_layers: int = 0, vocab_only: bool = False, rpc: Sequence[str] = (),
+                 tensor_split: Sequence[float] = ()) -> None:
+        """Load ``path``; with ``vocab_only`` only the tokenizer (fast, no weights). ``rpc``: llama.cpp
+        RPC servers (HOST:PORT) that become this process's first devices, so that the offloaded
+        layers go there (llama.cpp ends the process when one of them fails: see remote.py, which
+        loads such a model in a worker process). ``tensor_split``: each device's share of them."""
         _ensure_backend()
         check_gguf(path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = weight_repacking()
+        _add_rpc_servers(rpc)
+        split = (ctypes.c_float * ll.LLAMA_MAX_DEVICES)(*tensor_split) if tensor_split else None
+        if split is not None:
+            params.tensor_split = split
         _log_lines.clear()
         ptr = ll.llama_model_load_from_file(str(path).encode(), params)
         if not ptr:
             raise ModelError(_load_failure(path))
         self.path = path
         self.n_gpu_layers = n_gpu_layers
+        self.rpc, self.tensor_split = tuple(rpc), tuple(tensor_split)
         self._ptr = ptr
         self._vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
@@ -100,6 +112,10 @@ class Model:
         self.n_layer: int = ll.llama_model_n_layer(ptr)
         self._pieces: dict = {}
         self._eog: Optional[FrozenSet[int]] = None
+
+    def context(self, n_ctx: int, n_threads: int, n_batch: int = 512, n_seq_max: int = 1) -> "Context":
+        """A context (KV cache) of this model."""
+        return Context(self, n_ctx, n_threads, n_batch, n_seq_max)
 
     def close(self) -> None:
         if self._ptr:
@@ -197,36 +213,6 @@ class Model:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
-
-
-class ModelPool:
-    """Loaded models that several owners share, so each file's weights are mapped once.
-
-    ``get`` returns the model of a file (loading it the first time) and counts the owner;
-    ``release`` forgets one owner and frees the model with the last.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._models: dict = {}  # (path, n_gpu_layers) -> [Model, owners]
-
-    def get(self, path: Path, n_gpu_layers: int = 0) -> "Model":
-        with self._lock:
-            key = (Path(path).resolve(), n_gpu_layers)
-            if key not in self._models:
-                self._models[key] = [Model(path, n_gpu_layers), 0]
-            self._models[key][1] += 1
-            return self._models[key][0]
-
-    def release(self, model: "Model") -> None:
-        with self._lock:
-            for key, entry in list(self._models.items()):
-                if entry[0] is model:
-                    entry[1] -= 1
-                    if entry[1] == 0:
-                        del self._models[key]
-                        model.close()
-                    return
 
 
 # One batch row of another sequence: (token, position offset, sequence ids, logits?).
@@ -500,7 +486,38 @@ def max_sequences() -> int:
 
 
 def supports_gpu_offload() -> bool:
-    return bool(ll.llama_supports_gpu_offload())
+    """Whether this build has a GPU backend (CUDA, Metal, Vulkan...), whether or not a GPU is there
+    (llama.cpp's own llama_supports_gpu_offload also counts the RPC backend)."""
+    _ensure_backend()
+    lib = _devices_lib()
+    names = {(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"").decode()
+             for i in range(lib.ggml_backend_reg_count())}
+    return bool(names - {"CPU", "RPC", "BLAS"})
+
+
+def supports_rpc() -> bool:
+    """Whether this llama.cpp build has the RPC backend (CMake's -DGGML_RPC=ON)."""
+    _ensure_backend()
+    return bool(ll.llama_supports_rpc())
+
+
+def _add_rpc_servers(servers: Sequence[str]) -> None:
+    """Make each RPC server's devices devices of this process, as llama.cpp's --rpc does: llama.cpp
+    puts them first when it places a model's offloaded layers. Each server is asked for its
+    devices (a connection: llama.cpp ends the process if it fails)."""
+    if not servers:
+        return
+    lib = _devices_lib()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise ModelError("this llama.cpp build has no RPC backend (build it with -DGGML_RPC=ON)")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
+        lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server"))
+    for server in servers:
+        server_reg = add_server(server.encode())
+        if not server_reg:
+            raise ModelError(f"the RPC server {server} offers no device")
+        lib.ggml_backend_register(server_reg)
 
 
 class Device(NamedTuple):
@@ -517,7 +534,7 @@ _device_api: Optional[ctypes.CDLL] = None
 
 
 def _devices_lib() -> ctypes.CDLL:
-    """ggml's device registry, reached through libllama, which links it (llama-cpp-python binds
+    """ggml's device and backend registries, reached through libllama, which links it (llama-cpp-python binds
     none of it): dlsym searches a library's dependencies too."""
     global _device_api
     if _device_api is None:
@@ -531,6 +548,18 @@ def _devices_lib() -> ctypes.CDLL:
             getattr(lib, name).argtypes = [ctypes.c_void_p]
         lib.ggml_backend_dev_type.restype = ctypes.c_int
         lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+        lib.ggml_backend_reg_count.argtypes = []
+        lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+        lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+        lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.ggml_backend_register.restype = None
+        lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
         _device_api = lib
     return _device_api
 
@@ -556,9 +585,14 @@ def gpus() -> List[Device]:
 
 def backend_name(model: Model) -> str:
     """Where the model's layers run, which is what its costs are measured and cached for: "cpu",
-    or the GPUs and how much of the model they hold ("CUDA0 (all layers)", "CUDA0 (12 of 28
-    layers)"): a partly offloaded model has a curve of its own."""
-    return offload_name([d.name for d in gpus()], model.n_gpu_layers, model.n_layer)
+    or the devices (RPC servers first, then GPUs) and how much of the model they hold ("CUDA0 (all
+    layers)", "CUDA0 (12 of 28 layers)", "RPC[10.0.0.2:50052]+RPC[10.0.0.3:50052] (all layers,
+    split 3,1)"): a partly offloaded model, or one placed otherwise, has a curve of its own."""
+    name = offload_name([f"RPC[{server}]" for server in model.rpc] + [d.name for d in gpus()],
+                        model.n_gpu_layers, model.n_layer)
+    if model.tensor_split and name != "cpu":
+        name = f"{name[:-1]}, split {','.join(f'{x:g}' for x in model.tensor_split)})"
+    return name
 
 
 def offload_name(gpu_names: Sequence[str], n_gpu_layers: int, n_layer: int) -> str:

@@ -24,7 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..llama import models
-from ..llama.binding import Context, Model, ModelPool
+from ..llama.binding import Context, Model
+from ..llama.pool import ModelPool
 from .report import format_columns
 from .suite import SUITE_FILE, greedy_answers
 from ..config import ModelConfig, SamplingConfig

@@ -88,8 +88,13 @@ def command(strategy: str, program: Path, model: Path, draft: Optional[Path], pr
             settings: BenchSettings, threads: int) -> List[str]:
     """The program's command line for the same run as llamaspec's (greedy)."""
     s = settings
+    target = s.target_config()
     cmd = [str(program), "-m", str(model), "-f", str(prompt_file), "-n", str(s.n_predict), "-c", str(s.n_ctx),
-           "-t", str(threads), "--temp", "0", "-ngl", _layers(s.n_gpu_layers)]  # the programs default to "auto"
+           "-t", str(threads), "--temp", "0", "-ngl", _layers(target.offloaded)]  # the programs default to "auto"
+    if target.rpc:  # the same RPC servers; the programs offload -ngld of the draft's layers to them too
+        cmd += ["--rpc", ",".join(target.rpc)]
+    if target.tensor_split:
+        cmd += ["-ts", ",".join(f"{x:g}" for x in target.tensor_split)]
     if not weight_repacking():
         cmd += ["--no-repack"]  # the same kernels as llamaspec's
     if strategy == "plain":
@@ -97,7 +102,8 @@ def command(strategy: str, program: Path, model: Path, draft: Optional[Path], pr
     elif strategy == "draft":
         cmd += ["-md", str(draft), "-td", str(threads), "--spec-type", "draft-simple",
                 "--spec-draft-n-max", str(s.draft_max), "--spec-draft-n-min", str(s.draft_min),
-                "--spec-draft-p-min", str(s.draft_p_min), "-ngld", _layers(s.n_gpu_layers_draft)]
+                "--spec-draft-p-min", str(s.draft_p_min),
+                "-ngld", _layers(s.draft_model_config().offloaded if s.draft_model else s.n_gpu_layers_draft)]
     elif strategy == "lookup":
         cmd += ["--spec-draft-n-max", str(s.draft_max)]
     return cmd  # llama-lookahead: W = 15, N = 5, G = 15 are compiled in

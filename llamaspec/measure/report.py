@@ -150,7 +150,7 @@ Shape = Any  # see check_shape
 
 
 def shape_of(tp: Any) -> Shape:
-    """The JSON shape of a type: a dataclass is a dict of its fields' shapes, List[X] is [X],
+    """The JSON shape of a type: a dataclass is a dict of its fields' shapes, List[X] (and Tuple[X, ...]) is [X],
     Dict[str, X] is {str: X}, Optional[X] is (X, NoneType), Any is object, else the type."""
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp, vars(sys.modules[tp.__module__]))
@@ -158,7 +158,7 @@ def shape_of(tp: Any) -> Shape:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Union:
         return tuple(shape_of(a) for a in args)
-    if origin is list:
+    if origin is list or (origin is tuple and args[-1:] == (Ellipsis,)):  # Tuple[X, ...]: a JSON list too
         return [shape_of(args[0])]
     if origin is dict:
         return {str: shape_of(args[1])}

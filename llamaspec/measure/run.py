@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..planning import costs
 from ..llama import models
-from ..llama.binding import ModelPool
+from ..llama.pool import ModelPool
 from ..api import LlamaSpec, Result
 from ..errors import ConfigError
 from .replay import copy_oracle

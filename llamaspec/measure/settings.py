@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..llama.binding import ModelPool
+from ..llama.pool import ModelPool
 from ..api import LlamaSpec
 from ..config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError
@@ -38,6 +38,10 @@ class BenchSettings:
     temperature: float = 0.0
     seed: Optional[int] = None
     repeat: int = 3
+    rpc: Tuple[str, ...] = ()  # RPC servers holding the target's layers (and the draft's with rpc_draft)
+    rpc_draft: bool = False
+    tensor_split: Tuple[float, ...] = ()
+    rpc_timeout: float = ModelConfig.rpc_timeout
 
     def __post_init__(self) -> None:
         if self.n_predict < 1 and self.n_predict != -1:
@@ -49,13 +53,17 @@ class BenchSettings:
         SamplingConfig(temperature=self.temperature, seed=self.seed)
 
     def target_config(self) -> ModelConfig:
-        return ModelConfig(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers)
+        return ModelConfig(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers,
+                           **self._placed())
 
     def draft_model_config(self) -> Optional[ModelConfig]:
         if not self.draft_model:
             return None
         return ModelConfig(self.draft_model, n_ctx=self.n_ctx, n_threads=self.n_threads,
-                           n_gpu_layers=self.n_gpu_layers_draft)
+                           n_gpu_layers=self.n_gpu_layers_draft, **(self._placed() if self.rpc_draft else {}))
+
+    def _placed(self) -> dict:
+        return dict(rpc=tuple(self.rpc), tensor_split=tuple(self.tensor_split), rpc_timeout=self.rpc_timeout)
 
     def draft_config(self) -> DraftConfig:
         return DraftConfig(self.draft_max, self.draft_min, self.draft_p_min)

@@ -306,19 +306,17 @@ def save(curve: CostCurve, ctx: Context, cache_file: Path) -> None:
     write_table(cache_file, table)  # a read-only cache only costs a new measurement next time
 
 
-def profile(model_path: Path, threads: int, n_ctx: int = 4096, n_gpu_layers: int = 0, repeats: int = 2,
+def profile(model: Model, threads: int, n_ctx: int = 4096, repeats: int = 2,
             cache_file: Optional[Path] = None) -> CostCurve:
-    """Measure a decode of every n in 1..N_MAX on this machine (best of ``repeats``) and cache
-    the curve where generation looks for it."""
+    """Measure a decode of every n in 1..N_MAX of ``model`` where it is placed (best of
+    ``repeats``) and cache the curve where generation looks for it."""
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
-    model = Model(model_path, n_gpu_layers)
-    ctx = Context(model, n_ctx, threads)
+    ctx = model.context(n_ctx, threads)
     try:
         curve = measure(ctx, range(1, N_MAX + 1), repeats, deep_sizes=range(1, N_MAX + 1))
         if cache_file is not None:
             save(curve, ctx, cache_file)
     finally:
         ctx.close()
-        model.close()
     return curve

@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ConfigError
 
@@ -69,10 +69,12 @@ def _answering_half_closed() -> type:
 
 
 def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
-          api_key: Optional[str] = None, parallel: int = 1, grammar: Any = None) -> None:
+          api_key: Optional[str] = None, parallel: int = 1, grammar: Any = None,
+          reload: Optional[Callable[[], Any]] = None) -> None:
     """Serve ``spec`` until interrupted, logging one line per request on stderr; ``parallel`` > 1:
     that many requests decoded together (a Batcher); ``grammar``: the constraint of every request
-    that asks for none of its own."""
+    that asks for none of its own; ``reload``: loads the LlamaSpec again when its RPC servers
+    failed (the server answers 503 until it has)."""
     require_server()
     import uvicorn
 
@@ -107,11 +109,11 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(create_app(spec, queue, api_key, batcher, grammar, draining), host=host, port=port,
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-                            http=_answering_half_closed())
+    app = create_app(spec, queue, api_key, batcher, grammar, draining, reload)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=SHUTDOWN_SECONDS, http=_answering_half_closed())
     try:
         Server(config).run()
     finally:
-        if batcher is not None:
-            batcher.close()
+        draining.set()
+        app.app.state.served.close()

@@ -30,12 +30,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import completions
-from ..errors import ConfigError, LlamaspecError, PromptError, VocabMismatchError
+from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError
 from .schemas import ChatRequest, CompletionRequest, InfillRequest
 
 log = logging.getLogger("llamaspec.server")
 # Seconds between checks, for an answer under way, that the server is stopping.
 DRAIN_CHECK = 0.1
+# Seconds between tries to load the model again after its RPC servers failed.
+RELOAD_EVERY = 2.0
 
 
 class Busy(Exception):
@@ -79,6 +81,63 @@ class Turn:
         if self.started and not self.ended:
             self.ended = True
             self.queue._turn.release()
+
+
+class Unavailable(Exception):
+    """The model's RPC servers failed; it is being loaded again."""
+
+
+class Served:
+    """The LlamaSpec (and its batcher, ``parallel`` > 1) the routes answer with. When a generation
+    finds the model's RPC servers gone (RemoteError), the server is unavailable: /health and every
+    request get 503, and ``reload`` (a function that loads the LlamaSpec again; none: it stays
+    down) is tried every RELOAD_EVERY seconds until it works, while ``draining`` is not set."""
+
+    def __init__(self, spec: Any, batcher: Any, reload: Optional[Callable[[], Any]],
+                 draining: threading.Event) -> None:
+        self.spec, self.batcher, self._reload, self._draining = spec, batcher, reload, draining
+        self.down: Optional[str] = None
+        self._loaded: List[Any] = []  # LlamaSpecs loaded here, closed with the server
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        if self.down is not None:
+            raise Unavailable(f"the model is unavailable: {self.down}")
+
+    def failed(self, error: RemoteError) -> None:
+        with self._lock:
+            if self.down is not None:
+                return
+            self.down = str(error)
+        log.warning("the model failed: %s", error)
+        if self._reload is not None:
+            threading.Thread(target=self._reloading, name="llamaspec-reload", daemon=True).start()
+
+    def _reloading(self) -> None:
+        while not self._draining.wait(RELOAD_EVERY):
+            try:
+                spec = self._reload()
+                batcher = spec.batcher(self.batcher.parallel) if self.batcher is not None else None
+            except LlamaspecError as e:
+                log.warning("loading the model again failed: %s", e)
+                continue
+            old, self.spec, self.batcher = (self.spec, self.batcher), spec, batcher
+            self._loaded.append(spec)
+            self.down = None
+            log.warning("the model is loaded again")
+            self._close(*old)
+            return
+
+    def _close(self, spec: Any, batcher: Any) -> None:
+        if batcher is not None:
+            batcher.close()
+        if spec in self._loaded:
+            self._loaded.remove(spec)
+            spec.close()
+
+    def close(self) -> None:
+        """Free the batcher and what was loaded here (the LlamaSpec given stays its owner's)."""
+        self._close(self.spec, self.batcher)
 
 
 class BadRequest(Exception):
@@ -134,6 +193,10 @@ def errors(app: FastAPI) -> None:
     async def busy(request: Request, exc: Busy) -> JSONResponse:
         return error(503, str(exc), "server_busy")
 
+    @app.exception_handler(Unavailable)
+    async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
+        return error(503, str(exc), "server_unavailable")
+
     @app.exception_handler(LlamaspecError)
     async def ours(request: Request, exc: LlamaspecError) -> JSONResponse:
         if isinstance(exc, (ConfigError, PromptError, VocabMismatchError)):
@@ -147,16 +210,30 @@ def errors(app: FastAPI) -> None:
 
 
 def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None,
-               grammar: Any = None, draining: Optional[threading.Event] = None) -> FastAPI:
+               grammar: Any = None, draining: Optional[threading.Event] = None,
+               reload: Optional[Callable[[], Any]] = None) -> FastAPI:
     """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health. With
     ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it.
     ``grammar``: the constraint of every request that asks for no format (response_format,
     grammar, json_schema) of its own. Once ``draining`` is set (the server is stopping), new
-    requests get 503 and every answer under way ends at its next step, saying what it had."""
+    requests get 503 and every answer under way ends at its next step, saying what it had.
+    When the model's RPC servers fail, it is loaded again with ``reload`` (see Served); the
+    app's ``state.served`` holds what it answers with."""
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
     draining = draining if draining is not None else threading.Event()
     waiting = Queue(queue, batcher.parallel if batcher is not None else 1, draining)
+    served = app.state.served = Served(spec, batcher, reload, draining)
     errors(app)
+
+    @app.exception_handler(RemoteError)
+    async def remote(request: Request, exc: RemoteError) -> JSONResponse:
+        served.failed(exc)
+        response = error(503, str(exc), "server_unavailable")
+        if exc.results:  # what the generation had when the servers failed
+            body = json.loads(response.body)
+            body["error"]["generated"] = [r.text for r in exc.results]
+            response = JSONResponse(body, status_code=503)
+        return response
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable) -> Any:
@@ -166,37 +243,42 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
         return await call_next(request)
 
     @app.get("/health")
-    async def health() -> Dict[str, str]:
+    async def health() -> Any:
+        if served.down is not None:
+            return JSONResponse({"status": "unavailable", "error": served.down}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
     async def list_models() -> Dict[str, Any]:
-        return {"object": "list", "data": [{"id": spec.model_name, "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": served.spec.model_name, "object": "model", "created": 0,
                                             "owned_by": "llamaspec"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
-        return await _answer(request, body, lambda **kw: completions.create_chat_completion(spec, **kw), waiting,
-                             batcher, grammar, draining)
+        return await _answer(request, body, completions.create_chat_completion, waiting, served, grammar, draining)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
-        return await _answer(request, body, lambda **kw: completions.create_completion(spec, **kw), waiting, batcher,
-                             grammar, draining)
+        return await _answer(request, body, completions.create_completion, waiting, served, grammar, draining)
 
     @app.post("/infill")
     async def infill(request: Request) -> Any:
         body = parse(await request.body(), InfillRequest)
-        return await _answer(request, body, lambda **kw: completions.create_infill(spec, **kw), waiting, batcher,
-                             grammar, draining)
+        return await _answer(request, body, completions.create_infill, waiting, served, grammar, draining)
 
     return RequestLog(app)
 
 
-async def _answer(request: Request, body: Any, create: Callable[..., Any], waiting: Queue, batcher: Any,
+async def _answer(request: Request, body: Any, create_on: Callable[..., Any], waiting: Queue, served: Served,
                   grammar: Any, draining: threading.Event) -> Any:
+    served.check()
+    spec, batcher = served.spec, served.batcher
+
+    def create(**kw: Any) -> Any:
+        return create_on(spec, **kw)
+
     if batcher is not None and body.n > batcher.parallel:
         raise ConfigError(f"n = {body.n}: this server decodes at most {batcher.parallel} sequences together "
                           f"(--parallel)")
@@ -218,7 +300,7 @@ async def _answer(request: Request, body: Any, create: Callable[..., Any], waiti
         turn.end()
         raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStream(_events(Chunks(chunks), turn, include_usage), media_type="text/event-stream")
+    return EventStream(_events(Chunks(chunks), turn, include_usage, served), media_type="text/event-stream")
 
 
 async def _unless_abandoned(request: Request, draining: threading.Event,
@@ -302,7 +384,7 @@ class Chunks:
                 close()
 
 
-async def _events(chunks: Chunks, turn: Turn, include_usage: bool) -> AsyncIterator[str]:
+async def _events(chunks: Chunks, turn: Turn, include_usage: bool, served: Served) -> AsyncIterator[str]:
     """Server-sent events as OpenAI sends them. However the stream ends (finished, the client
     gone, an error), the generation is closed and the next request's turn comes."""
     usage, last = None, None
@@ -319,6 +401,8 @@ async def _events(chunks: Chunks, turn: Turn, include_usage: bool) -> AsyncItera
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
     except LlamaspecError as e:  # after the headers: the error goes into the stream
+        if isinstance(e, RemoteError):
+            served.failed(e)
         yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
     finally:
         with anyio.CancelScope(shield=True):
