@@ -24,7 +24,6 @@ from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, Spe
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
 from .grammar import GrammarVocabulary
-from .sources.lookahead import check_fits
 from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
 from .engine.engine import Engine, check_prompt
@@ -71,11 +70,10 @@ class LlamaSpec:
         if references and not names & set(readers):
             raise ConfigError(f"references are read by the {' and '.join(readers)} sources; --spec runs none of them")
         self.spec_name = self.registry.label(names, spec)
-        leaves, n_seq = MAX_LEAVES, 1 + MAX_LEAVES
-        if "lookahead" in names:
-            n_seq = check_fits(lookahead, target.n_ctx, target.n_batch, MAX_LEAVES, whole="lookahead" in spec.fixed)
-            leaves = n_seq - 1 - lookahead.w
-        self._scratch = n_seq - 1  # sequences a step's branches and lookahead's window may use
+        room = self.registry.room(names, Loaded(lookup=lookup, lookahead=lookahead, draft=draft_config),
+                                  target.n_ctx, target.n_batch, MAX_LEAVES, spec.fixed)
+        leaves, n_seq = room.branches, 1 + room.branches + room.own
+        self._scratch = n_seq - 1  # sequences a step's branches and the sources' own (lookahead's window) may use
         # loaded once, shared by every text decoded (bad files: fail before loading any model)
         caches = NgramCaches.open(lookup) if Need.CACHE_FILES in needed else None
         _warn_about(target, draft)

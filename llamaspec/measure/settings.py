@@ -88,10 +88,12 @@ class Strategy:
         return any(Need.DRAFT_MODEL in registry[name].needs for name in self.spec.sources or ())
 
 
+# What a bench can give a source: its draft model (-md); no cache files, siblings or grammar.
+_BENCHED = frozenset({Need.DRAFT_MODEL})
 STRATEGIES: Dict[str, Strategy] = {
     "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
-    **{name: Strategy(default_registry()[name].describe, SpecConfig(frozenset({name})))
-       for name in ("lookup", "lookahead", "draft")},
+    **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name})))  # each source that runs alone here
+       for p in default_registry().plugins if p.needs <= _BENCHED and p.joins is None},
     "draft-fixed": Strategy("the draft model every step, --draft-max tokens (llama-speculative-simple's way)",
                             SpecConfig(frozenset({"draft"}), frozenset({"draft"}))),
     "auto": Strategy("every source the models allow, chosen step by step (the default)", SpecConfig()),

@@ -141,4 +141,4 @@ class DraftSequences:
 PLUGIN = Plugin(
     NAME, lambda loaded, text: DraftModelSource(loaded.drafts, text.lane, loaded.draft),
     {decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, overall=0.6,
-    needs=frozenset({Need.DRAFT_MODEL}), expensive=True, describe="the draft model alone")
+    needs=frozenset({Need.DRAFT_MODEL}), describe="the draft model alone")

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..llama.binding import max_sequences
 from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Rider, RiderRow, Source, length_bucket
-from .registry import Plugin
+from .registry import Plugin, Room
 from ..config import LookaheadConfig, SamplingConfig
 from ..errors import ConfigError
 from ..sequences import appended, common_prefix
@@ -274,4 +274,11 @@ PLUGIN = Plugin(
     {Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
      for length in LENGTH_BUCKETS for window in (False, True)},
     overall=OTHER, shadowed_by="lookup", reads_references=True,
-    describe="lookahead alone: Jacobi window and n-gram pool")
+    describe="lookahead alone: Jacobi window and n-gram pool",
+    room=lambda loaded, n_ctx, n_batch, leaves, whole: _room(loaded.lookahead, n_ctx, n_batch, leaves, whole))
+
+
+def _room(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Room:
+    """A branch per candidate (at least ``leaves``) and a sequence per window column, once they fit."""
+    check_fits(config, n_ctx, n_batch, leaves, whole)
+    return Room(max(config.g, leaves), config.w)

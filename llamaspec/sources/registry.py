@@ -1,5 +1,6 @@
 """Every draft source, as a plugin: what it is called, what it needs, how it is built, its
-evidence keys with their priors, what it shadows and whether it is expensive.
+evidence keys with their priors and what it shadows (whether it is expensive, its Source class
+says: that is what the speculator reads).
 
 A plugin is declared in its source's own module (``PLUGIN``) and listed once, in the
 package's ``default_registry``; ``auto`` is every plugin whose needs are met. Adding a source is one module, one
@@ -82,6 +83,15 @@ PER_TEXT = frozenset({Need.SIBLINGS, Need.GRAMMAR})
 
 
 @dataclass(frozen=True)
+class Room:
+    """KV-cache sequences a step may use beside the text's own: ``branches`` for the trie's
+    leaves, ``own`` for what a source decodes beside them (lookahead's window columns)."""
+
+    branches: int
+    own: int = 0
+
+
+@dataclass(frozen=True)
 class Plugin:
     """One draft source, declared in full.
 
@@ -92,6 +102,9 @@ class Plugin:
     where both propose a token, only the other's estimate counts. ``joins``: it runs wherever
     that source is named in ``--spec`` and its own needs are met. ``reads_references``: it
     copies from a generation's references. ``describe``: one line for benchmarks and help.
+    ``room``: the KV-cache sequences it needs, given what is loaded, the context and batch sizes,
+    the planner's leaves and whether it is verified whole, checked before anything loads
+    (ConfigError where llama.cpp cannot have them).
     """
 
     name: str
@@ -99,11 +112,11 @@ class Plugin:
     priors: Mapping[Evidence, float]
     overall: float
     needs: FrozenSet[Need] = frozenset()
-    expensive: bool = False
     shadowed_by: Optional[str] = None
     joins: Optional[str] = None
     reads_references: bool = False
     describe: str = ""
+    room: Optional[Callable[[Loaded, int, int, int, bool], Room]] = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,16 @@ class Registry:
         met = loaded.meets() | text.meets()
         return [p.build(loaded, text) for p in self.plugins if p.name in names and p.needs <= met]
 
+    def room(self, names: FrozenSet[str], settings: Loaded, n_ctx: int, n_batch: int, leaves: int,
+             fixed: FrozenSet[str]) -> Room:
+        """The sequences the sources of ``names`` need beside the text (at least ``leaves`` branches)."""
+        room = Room(leaves)
+        for p in self.plugins:
+            if p.name in names and p.room is not None:
+                need = p.room(settings, n_ctx, n_batch, leaves, p.name in fixed)
+                room = Room(max(room.branches, need.branches), room.own + need.own)
+        return room
+
     def priors(self) -> Dict[str, Mapping[Evidence, float]]:
         return {p.name: p.priors for p in self.plugins}
 
@@ -179,5 +202,3 @@ class Registry:
         """source -> the source that shadows it."""
         return {p.name: p.shadowed_by for p in self.plugins if p.shadowed_by}
 
-    def expensive(self) -> FrozenSet[str]:
-        return frozenset(p.name for p in self.plugins if p.expensive)
