@@ -21,7 +21,7 @@ from llamaspec import DraftConfig, LlamaSpec, ModelConfig, ModelError, RemoteErr
 from llamaspec.llama import models, remote
 from llamaspec.measure.compare import default_bin_dir, find_program
 
-from conftest import QWEN, SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN, QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
 from test_server_real import Server, free_port
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_cpp.sh"
@@ -94,17 +94,23 @@ def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_serve
     assert any("RPC[127.0.0.1:" in key for key in table), list(table)
 
 
-def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_servers, smol_plain):
-    """--rpc-draft: the draft model's KV-cache sequences live in a worker too, verified every step."""
+def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_servers):
+    """--rpc-draft: the 0.5B draft beside its 1.5B target on the same servers (one client: an
+    rpc-server serves one at a time), its KV-cache sequences in the worker too, verified every
+    step: the text of plain decoding on the same servers (the servers' kernels are not this
+    process's: at a near-tie the local text may differ)."""
     prompt = "def fibonacci(n):"
-    local = smol_plain.generate(prompt, max_tokens=32, temperature=0).text
     placed_on = dict(rpc=tuple(endpoints(rpc_servers)), n_threads=THREADS, n_ctx=1024)
-    with LlamaSpec(ModelConfig(str(model_file(SMOL)), **placed_on), ModelConfig(str(model_file(SMOL)), **placed_on),
+    with llamaspec.load(str(model_file(QWEN)), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=1024,
+                        progress=False) as plain:
+        expected = plain.generate(prompt, max_tokens=24, temperature=0).text
+    with LlamaSpec(ModelConfig(str(model_file(QWEN)), **placed_on), ModelConfig(str(model_file(QWEN_DRAFT)), **placed_on),
                    DraftConfig(draft_max=4, draft_p_min=0.0), progress=False,
                    spec=SpecConfig.parse("draft").with_fixed(frozenset({"draft"}))) as placed:
         assert placed.draft_model.rpc == tuple(endpoints(rpc_servers))
-        result = placed.generate(prompt, max_tokens=32, temperature=0)
-        assert result.text == local
+        assert placed.draft_model.worker is placed.model.worker
+        result = placed.generate(prompt, max_tokens=24, temperature=0)
+        assert result.text == expected
         assert result.stats.sources["draft"].drafted > 0
 
 
@@ -150,6 +156,18 @@ def test_a_wrong_address_is_one_line(model_file, smol):
                           f"cannot reach the RPC server {closed}")
     assert_one_line_error(run("generate", "-m", smol, "--rpc", "localhost", "-p", "Hi"), "HOST:PORT")
     assert_one_line_error(run("profile", "-m", smol, "--rpc", closed), "cannot reach")
+
+
+def test_compare_hands_the_servers_to_llama_cpp_s_program_and_gets_the_same_text(smol, rpc_servers, tmp_path):
+    """An rpc-server serves one client at a time: the program runs first, then llamaspec, both on
+    the servers."""
+    out = tmp_path / "compare.json"
+    result = run("compare", "-m", smol, "--rpc", ",".join(endpoints(rpc_servers)), "-t", str(THREADS), "-c", "1024",
+                 "-n", "16", "--strategies", "plain", "--prompt-name", "open_chat", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["status"] == "ok" and row["text"] == "same", row
+    assert "--rpc" in row["command"] and ",".join(endpoints(rpc_servers)) in row["command"]
 
 
 def test_a_build_without_the_rpc_backend_names_the_fix(model_file, monkeypatch):

@@ -85,16 +85,18 @@ class Model:
     def __init__(self, path: Path, n_gpu_layers: int = 0, vocab_only: bool = False, rpc: Sequence[str] = (),
                  tensor_split: Sequence[float] = ()) -> None:
         """Load ``path``; with ``vocab_only`` only the tokenizer (fast, no weights). ``rpc``: llama.cpp
-        RPC servers (HOST:PORT) that become this process's first devices, so that the offloaded
-        layers go there (llama.cpp ends the process when one of them fails: see remote.py, which
-        loads such a model in a worker process). ``tensor_split``: each device's share of them."""
+        RPC servers (HOST:PORT) that are the model's first devices, so that the offloaded layers
+        go there (llama.cpp ends the process when one of them fails: see remote.py, which loads
+        such a model in a worker process). ``tensor_split``: each device's share of them."""
         _ensure_backend()
         check_gguf(path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
         params.use_extra_bufts = weight_repacking()
-        _add_rpc_servers(rpc)
+        placed = _rpc_devices(rpc)  # kept alive until the model is loaded
+        if placed is not None:
+            params.devices = ctypes.cast(placed, ctypes.c_void_p)
         split = (ctypes.c_float * ll.LLAMA_MAX_DEVICES)(*tensor_split) if tensor_split else None
         if split is not None:
             params.tensor_split = split
@@ -501,23 +503,28 @@ def supports_rpc() -> bool:
     return bool(ll.llama_supports_rpc())
 
 
-def _add_rpc_servers(servers: Sequence[str]) -> None:
-    """Make each RPC server's devices devices of this process, as llama.cpp's --rpc does: llama.cpp
-    puts them first when it places a model's offloaded layers. Each server is asked for its
-    devices (a connection: llama.cpp ends the process if it fails)."""
+def _rpc_devices(servers: Sequence[str]) -> Optional[ctypes.Array]:
+    """The devices a model on RPC ``servers`` uses, as llama.cpp's --rpc places it: each server's
+    devices first, then this machine's GPUs (the CPU holds the rest), NULL-terminated for
+    llama_model_params.devices; None without servers. Each server is asked for its devices (a
+    connection, kept for the process: llama.cpp ends the process if it fails, see remote.py)."""
     if not servers:
-        return
+        return None
     lib = _devices_lib()
     reg = lib.ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise ModelError("this llama.cpp build has no RPC backend (build it with -DGGML_RPC=ON)")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
         lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server"))
+    found = []
     for server in servers:
         server_reg = add_server(server.encode())
         if not server_reg:
             raise ModelError(f"the RPC server {server} offers no device")
-        lib.ggml_backend_register(server_reg)
+        found += [lib.ggml_backend_reg_dev_get(server_reg, i) for i in range(lib.ggml_backend_reg_dev_count(server_reg))]
+    found += [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())
+              if DEVICE_KINDS[lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i))] in ("gpu", "igpu")]
+    return (ctypes.c_void_p * (len(found) + 1))(*found, None)
 
 
 class Device(NamedTuple):
@@ -558,8 +565,10 @@ def _devices_lib() -> ctypes.CDLL:
         lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
         lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
         lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.ggml_backend_register.restype = None
-        lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         _device_api = lib
     return _device_api
 

@@ -1,15 +1,15 @@
 """Loaded models shared by their owners, each placed where its config says: in this process, or
-on llama.cpp RPC servers through a worker process (remote.py)."""
+on llama.cpp RPC servers through the pool's one worker process (remote.py)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..config import ModelConfig
 from .binding import Model
-from .remote import RemoteModel
+from .remote import RemoteModel, Worker
 
 
 class ModelPool:
@@ -23,6 +23,7 @@ class ModelPool:
         self._lock = threading.Lock()
         self._models: dict = {}  # (path, n_gpu_layers, rpc, tensor_split) -> [Model, owners]
         self._retired: list = []  # [Model, owners] of models whose RPC servers failed, until let go
+        self._worker: Optional[Worker] = None  # decodes the models placed on RPC servers (see remote.py)
 
     def get(self, path: Path, n_gpu_layers: int = 0, rpc: Sequence[str] = (), tensor_split: Sequence[float] = (),
             timeout: float = ModelConfig.rpc_timeout) -> Model:
@@ -36,11 +37,17 @@ class ModelPool:
                 self._retired.append(self._models.pop(key))
                 entry = None
             if entry is None:
-                model = (RemoteModel(path, n_gpu_layers, rpc, tensor_split, timeout) if rpc else
-                         Model(path, n_gpu_layers, tensor_split=tensor_split))
+                model = (RemoteModel(path, n_gpu_layers, rpc, tensor_split, timeout, self._worker_for_rpc()) if rpc
+                         else Model(path, n_gpu_layers, tensor_split=tensor_split))
                 entry = self._models[key] = [model, 0]
             entry[1] += 1
             return entry[0]
+
+    def _worker_for_rpc(self) -> Worker:
+        """The pool's worker, a new one where it has none, or where it failed or quit."""
+        if self._worker is None or self._worker.broken:
+            self._worker = Worker()
+        return self._worker
 
     def release(self, model: Model) -> None:
         with self._lock:

@@ -1,10 +1,11 @@
-"""A model whose layers are on llama.cpp RPC servers, decoded by a worker process of its own.
+"""Models whose layers are on llama.cpp RPC servers, decoded by a worker process.
 
 llama.cpp's RPC client ends the whole process when a server it talks to dies (GGML_ABORT) and
 waits without limit for one that stops answering. So a model placed on RPC servers is loaded and
-decoded in a worker process: this process keeps the model's vocabulary (tokenizer, chat template,
-metadata: a vocab-only load) and sends the worker what a Context does, one operation at a time,
-waiting at most ``timeout`` seconds for each answer. The rows of logits a decode outputs come back
+decoded in a worker process (one for the models of a ModelPool: an rpc-server serves one client
+at a time): this process keeps the model's vocabulary (tokenizer, chat template, metadata: a
+vocab-only load) and sends the worker what a Context does, one operation at a time, waiting at
+most ``timeout`` seconds for each answer. The rows of logits a decode outputs come back
 through a file both processes map, not through the pipe.
 
     this process                                   worker (python -m llamaspec.llama.remote)
@@ -77,52 +78,38 @@ def check_servers(servers: Sequence[str]) -> None:
                          f"start rpc-server there (see the README) or fix the address")
 
 
-class RemoteModel(Model):
-    """A model placed on RPC servers (``rpc``, HOST:PORT each; ``tensor_split``: the share of the
-    layers each device holds, the RPC servers first), decoded by a worker process. Its vocabulary
-    is loaded here; ``context`` makes contexts in the worker. ``timeout``: the seconds any
-    operation may take before the servers count as gone."""
+class Worker:
+    """The worker process that decodes every model of one ModelPool placed on RPC servers (an
+    rpc-server serves one client at a time, so the models on it must share one client: a draft
+    model beside its target). ``call`` sends it one message and waits at most ``timeout``
+    seconds for the answer; a worker that dies or does not answer is killed and ``broken`` says
+    why, naming the servers that refuse a connection. It quits when its last model is let go."""
 
-    def __init__(self, path: Path, n_gpu_layers: int, rpc: Sequence[str], tensor_split: Sequence[float],
-                 timeout: float) -> None:
-        check_gguf(path)
-        for server in rpc:
-            endpoint(server)
-        check_servers(rpc)
-        super().__init__(path, vocab_only=True)
-        self.n_gpu_layers, self.timeout = n_gpu_layers, timeout
-        self.rpc, self.tensor_split = tuple(rpc), tuple(tensor_split)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.broken: Optional[str] = None
+        self.models = 0  # loaded in it and not let go
         self._log = tempfile.TemporaryFile()
         ours, theirs = socket.socketpair()
-        self._worker = subprocess.Popen([sys.executable, "-m", "llamaspec.llama.remote", str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                        stdout=self._log, stderr=self._log)
+        self._process: Optional[subprocess.Popen] = subprocess.Popen(
+            [sys.executable, "-m", "llamaspec.llama.remote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
         theirs.close()
         self._conn = Connection(ours.detach())
-        try:
-            self.call(("load", str(path), n_gpu_layers, self.rpc, self.tensor_split), LOAD_TIMEOUT)
-        except errors.LlamaspecError as e:
-            self.close()
-            why = self.broken if isinstance(e, RemoteError) else str(e)
-            raise ModelError(f"loading {path.name} onto the RPC servers {', '.join(self.rpc)} failed: {why}") from None
 
-    def context(self, n_ctx: int, n_threads: int, n_batch: int = 512, n_seq_max: int = 1) -> "RemoteContext":
-        return RemoteContext(self, n_ctx, n_threads, n_batch, n_seq_max)
-
-    def call(self, message: tuple, timeout: Optional[float] = None) -> Any:
-        """Send ``message`` to the worker and return its answer; RemoteError when the worker has
-        gone or does not answer within ``timeout`` (the model is broken from then on)."""
+    def call(self, message: tuple, timeout: float, servers: Sequence[str]) -> Any:
+        """Send ``message`` and return the answer; RemoteError when the worker has gone or does
+        not answer within ``timeout`` (it is broken from then on), naming ``servers`` that fail."""
         with self._lock:
             if self.broken:
                 raise RemoteError(f"{self.broken}; the model must be loaded again")
             try:
                 self._conn.send(message)
-                if not self._conn.poll(self.timeout if timeout is None else timeout):
+                if not self._conn.poll(timeout):
                     raise TimeoutError
                 status, value = self._conn.recv()
             except (OSError, EOFError, TimeoutError) as e:
-                self._fail(isinstance(e, TimeoutError), self.timeout if timeout is None else timeout)
+                self._fail(isinstance(e, TimeoutError), timeout, servers)
                 raise RemoteError(f"{self.broken}; the model must be loaded again") from None
         if status == "error":  # the worker's own error (a refused decode), of its own type
             kind, text = value
@@ -130,17 +117,16 @@ class RemoteModel(Model):
             raise (error if isinstance(error, type) and issubclass(error, errors.LlamaspecError) else RemoteError)(text)
         return value
 
-    def _fail(self, timed_out: bool, waited: float) -> None:
+    def _fail(self, timed_out: bool, waited: float, servers: Sequence[str]) -> None:
         """The worker is gone or stuck: kill it and say which servers no longer answer."""
-        self._stop_worker()
-        down = unreachable(self.rpc, timeout=1.0)
+        self._stop()
+        down = unreachable(servers, timeout=1.0)
         if down:
-            why = f"the RPC server{'s' if len(down) > 1 else ''} {', '.join(down)} stopped answering"
+            self.broken = f"the RPC server{'s' if len(down) > 1 else ''} {', '.join(down)} stopped answering"
         elif timed_out:
-            why = f"the RPC servers {', '.join(self.rpc)} did not answer within {waited:g} s"
+            self.broken = f"the RPC servers {', '.join(servers)} did not answer within {waited:g} s"
         else:
-            why = f"the worker decoding on the RPC servers {', '.join(self.rpc)} ended: {self._last_words()}"
-        self.broken = why
+            self.broken = f"the worker decoding on the RPC servers {', '.join(servers)} ended: {self._last_words()}"
 
     def _last_words(self) -> str:
         """The last line the worker wrote (llama.cpp's reason for aborting, usually)."""
@@ -148,26 +134,77 @@ class RemoteModel(Model):
         lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line.strip()]
         return lines[-1].strip() if lines else "no message"
 
-    def _stop_worker(self) -> None:
-        worker = getattr(self, "_worker", None)
-        if worker is not None and worker.poll() is None:
-            worker.kill()
-            worker.wait()
+    def _stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+    def release(self) -> None:
+        """One model let go; with the last, the worker quits (its servers are free again)."""
+        self.models -= 1
+        if self.models > 0 or self._process is None:
+            return
+        if not self.broken and self._process.poll() is None:
+            try:
+                self._conn.send(("quit",))
+                self._process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._stop()
+        self._process = None
+        self._conn.close()
+        self._log.close()
+        self.broken = self.broken or "the model was closed"
+
+
+class RemoteModel(Model):
+    """A model placed on RPC servers (``rpc``, HOST:PORT each; ``tensor_split``: the share of the
+    layers each device holds, the RPC servers first), decoded by ``worker``. Its vocabulary is
+    loaded here; ``context`` makes contexts in the worker. ``timeout``: the seconds any
+    operation may take before the servers count as gone."""
+
+    def __init__(self, path: Path, n_gpu_layers: int, rpc: Sequence[str], tensor_split: Sequence[float],
+                 timeout: float, worker: Worker) -> None:
+        check_gguf(path)
+        for server in rpc:
+            endpoint(server)
+        check_servers(rpc)
+        super().__init__(path, vocab_only=True)
+        self.n_gpu_layers, self.timeout, self.worker = n_gpu_layers, timeout, worker
+        self.rpc, self.tensor_split = tuple(rpc), tuple(tensor_split)
+        worker.models += 1
+        try:
+            self._id = self.call(("load", str(path), n_gpu_layers, self.rpc, self.tensor_split), LOAD_TIMEOUT)
+        except errors.LlamaspecError as e:
+            self.close()
+            why = worker.broken if isinstance(e, RemoteError) else str(e)
+            raise ModelError(f"loading {path.name} onto the RPC servers {', '.join(self.rpc)} failed: {why}") from None
+
+    @property
+    def broken(self) -> Optional[str]:  # type: ignore[override]
+        return self.worker.broken
+
+    def context(self, n_ctx: int, n_threads: int, n_batch: int = 512, n_seq_max: int = 1) -> "RemoteContext":
+        return RemoteContext(self, n_ctx, n_threads, n_batch, n_seq_max)
+
+    def call(self, message: tuple, timeout: Optional[float] = None) -> Any:
+        """``message`` to the worker, answered within ``timeout`` (default: the model's)."""
+        return self.worker.call(message, self.timeout if timeout is None else timeout, self.rpc)
 
     def close(self) -> None:
-        if getattr(self, "_worker", None) is not None:
-            if not self.broken and self._worker.poll() is None:
+        if getattr(self, "worker", None) is not None:
+            if not self.worker.broken and getattr(self, "_id", None) is not None:
                 try:
-                    self._conn.send(("quit",))
-                    self._worker.wait(timeout=5)
-                except (OSError, subprocess.TimeoutExpired):
+                    self.call(("unload", self._id))
+                except errors.LlamaspecError:
                     pass
-            self._stop_worker()
-            self._conn.close()
-            self._log.close()
-            self._worker = None
-            self.broken = self.broken or "the model was closed"
+            self.worker.release()
+            self.worker = None
         super().close()
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "worker", None) is None
 
 
 class RemoteContext:
@@ -178,7 +215,7 @@ class RemoteContext:
     def __init__(self, model: RemoteModel, n_ctx: int, n_threads: int, n_batch: int = 512,
                  n_seq_max: int = 1) -> None:
         self.model = model
-        self._id, self.n_ctx, path = model.call(("context", n_ctx, n_threads, n_batch, n_seq_max))
+        self._id, self.n_ctx, path = model.call(("context", model._id, n_ctx, n_threads, n_batch, n_seq_max))
         with open(path, "r+b") as f:
             self._rows = mmap.mmap(f.fileno(), 0)
         os.unlink(path)  # both processes keep it mapped; it goes with the last of them
@@ -243,7 +280,7 @@ class RemoteContext:
         self.tokens.clear()
 
     def close(self) -> None:
-        if self._rows is not None and self.model._worker is not None:
+        if self._rows is not None and not self.model.closed:
             self._op("close")
         if self._rows is not None:
             try:
@@ -260,9 +297,9 @@ class _Worker:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.model: Optional[Model] = None
+        self.models: dict = {}  # id -> Model
         self.contexts: dict = {}  # id -> (Context, mapped logits file)
-        self._made = 0  # contexts made so far: the next one's id
+        self._made = 0  # models and contexts made so far: the next one's id
 
     def run(self) -> None:
         while True:
@@ -278,14 +315,23 @@ class _Worker:
                 answer = ("error", (type(e).__name__, str(e)))
             self.conn.send(answer)
 
-    def load(self, path: str, n_gpu_layers: int, rpc: Tuple[str, ...], tensor_split: Tuple[float, ...]) -> None:
-        self.model = Model(Path(path), n_gpu_layers, rpc=rpc, tensor_split=tensor_split)
+    def load(self, path: str, n_gpu_layers: int, rpc: Tuple[str, ...], tensor_split: Tuple[float, ...]) -> int:
+        self._made += 1
+        self.models[self._made] = Model(Path(path), n_gpu_layers, rpc=rpc, tensor_split=tensor_split)
+        return self._made
 
-    def context(self, n_ctx: int, n_threads: int, n_batch: int, n_seq_max: int) -> Tuple[int, int, str]:
-        assert self.model is not None
-        ctx = Context(self.model, n_ctx, n_threads, n_batch, n_seq_max)
+    def unload(self, key: int) -> None:
+        model = self.models.pop(key)
+        for ctx_key in [k for k, (ctx, _) in self.contexts.items() if ctx.model is model]:
+            self.op(ctx_key, "close", ())
+        model.close()
+
+    def context(self, model_key: int, n_ctx: int, n_threads: int, n_batch: int,
+                n_seq_max: int) -> Tuple[int, int, str]:
+        model = self.models[model_key]
+        ctx = Context(model, n_ctx, n_threads, n_batch, n_seq_max)
         fd, path = tempfile.mkstemp(prefix="llamaspec-logits-", dir=_SHARED_DIR)
-        size = n_batch * self.model.n_vocab * 4  # sparse: only rows written take memory
+        size = n_batch * model.n_vocab * 4  # sparse: only rows written take memory
         os.ftruncate(fd, size)
         rows = mmap.mmap(fd, size)
         os.close(fd)
@@ -297,6 +343,8 @@ class _Worker:
     def op(self, key: int, name: str, args: tuple) -> Tuple[Any, Optional[List[int]]]:
         if name not in _CONTEXT_OPS:
             raise ValueError(f"no such context operation: {name}")
+        if name == "close" and key not in self.contexts:  # closed with its model already
+            return None, None
         ctx, rows = self.contexts[key]
         if name == "eval":
             tokens, logits, start = args
@@ -313,7 +361,7 @@ class _Worker:
         b = ctx.batch
         outputs = np.flatnonzero(b.logits[:b.n_tokens]).tolist()
         if outputs:
-            out = np.frombuffer(rows, dtype=np.float32, count=len(outputs) * self.model.n_vocab)
+            out = np.frombuffer(rows, dtype=np.float32, count=len(outputs) * ctx.model.n_vocab)
             out[:] = ctx.logits(len(outputs)).ravel()
         return value, outputs
 

@@ -279,23 +279,30 @@ def _median_run(sides: List[Side]) -> Side:
 
 
 def _runs(spec: LlamaSpec, cmd: List[str], text: str, strategy: str, settings: BenchSettings, timeout: float,
-          bar: tqdm) -> Tuple[str, List[Side], List[Side]]:
-    """The status, the program's runs and llamaspec's, taking turns (a program that fails is not rerun)."""
-    status = "ok" if cmd else f"missing: {BUILD_HINT}"
-    theirs: List[Side] = []
+          bar: tqdm, theirs: List[Side], status: str) -> Tuple[str, List[Side]]:
+    """llamaspec's runs, taking turns with the program's (a program that fails is not rerun):
+    the status and llamaspec's runs; the program's are added to ``theirs``. With RPC servers the
+    program has run already (see run_compare)."""
     ours: List[Side] = []
     spec.generate("Hello", max_tokens=4, temperature=0)  # warm-up
     for _ in range(settings.repeat):
-        if status == "ok":
-            run = _run_program(cmd, text, strategy, timeout)
-            if isinstance(run, str):
-                status = run
-            else:
-                theirs.append(run)
+        if not settings.rpc:
+            status = _their_run(cmd, text, strategy, timeout, theirs, status)
         spec.reset()
         ours.append(_side(spec.generate(text, max_tokens=settings.n_predict, temperature=0)))
         bar.update()
-    return status, theirs, ours
+    return status, ours
+
+
+def _their_run(cmd: List[str], text: str, strategy: str, timeout: float, theirs: List[Side], status: str) -> str:
+    """One run of the program, added to ``theirs`` while ``status`` is ok; the status after it."""
+    if status != "ok":
+        return status
+    run = _run_program(cmd, text, strategy, timeout)
+    if isinstance(run, str):
+        return run
+    theirs.append(run)
+    return status
 
 
 def _row(strategy: str, cmd: List[str], status: str, theirs: List[Side], ours: List[Side]) -> CompareRow:
@@ -332,10 +339,15 @@ def run_compare(settings: BenchSettings, prompt: Union[str, SuitePrompt], strate
         for name in names:
             bar.set_postfix_str(name)
             program = find_program(PROGRAMS[name], bin_dir)
+            threads = settings.target_config().threads
+            cmd = command(name, program, model, draft, prompt_file, settings, threads) if program else []
+            status, theirs = "ok" if cmd else f"missing: {BUILD_HINT}", []
+            if settings.rpc:  # an rpc-server serves one client at a time: the program's runs go first
+                for _ in range(settings.repeat):
+                    status = _their_run(cmd, text, name, timeout, theirs, status)
             with build_spec(name, settings, cache_dir, progress) as spec:
                 machine, n_prompt = machine_info(spec), len(spec.tokenize(text))
-                cmd = command(name, program, model, draft, prompt_file, settings, spec.ctx.threads) if program else []
-                status, theirs, ours = _runs(spec, cmd, text, name, settings, timeout, bar)
+                status, ours = _runs(spec, cmd, text, name, settings, timeout, bar, theirs, status)
             rows.append(_row(name, cmd, status, theirs, ours))
     assert machine is not None
     return CompareReport(version(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
