@@ -40,7 +40,7 @@ def main(out: Path) -> int:
     lines += curves(costs)
     bounds = {p["name"]: p["copy_bound"] for p in report["prompts"]}
     header = ("prompt", "strategy", "t/s", "vs plain", "of bound", "accept", "tok/call", "depth", "rows", "branches",
-              "draft tokens", "python", "output")
+              "draft tokens", "asked", "python", "output")
     cells = [header]
     best: Dict[str, Dict[str, float]] = {}
     for r in report["rows"]:
@@ -49,10 +49,10 @@ def main(out: Path) -> int:
         cells.append((r["prompt"], r["strategy"], f"{r['decode_tps_median']:.0f}", f"{r['speedup']:.2f}x",
                       f"{100 * r['bound_share']:.0f}%", f"{r['accept']:.0f}%" if r["n_drafted"] else "-",
                       f"{r['tokens_per_call']:.2f}", f"{r['depth']:.1f}", f"{r['rows']:.1f}", f"{r['branches']:.1f}",
-                      str(draft), f"{100 * r['python_share']:.0f}%", r["output"]))
+                      str(draft), f"{100 * r.get('asked', 0):.0f}%", f"{100 * r['python_share']:.0f}%", r["output"]))
     lines += format_columns(cells, left=(0, 1, len(header) - 1))
-    lines.append("depth, rows, branches: per target call that verified candidates; python: share of the loop's "
-                 "time outside llama_decode")
+    lines.append("depth, rows, branches: per target call that verified candidates; asked: share of target calls "
+                 "that asked the sources; python: share of the loop's time outside llama_decode")
     verdicts = []
     for prompt, speeds in best.items():
         singles = {k: v for k, v in speeds.items() if k in SINGLE}

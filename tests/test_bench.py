@@ -49,7 +49,7 @@ def _row(**changes):
            "prompt_tps": 2.0, "n_predict": 8, "n_drafted": 0, "n_accept": 0, "n_target_calls": 8,
            "sources": {"lookup": {"drafted": 3, "accepted": 1, "steps": 2}}, "peak_rss_mb": 100.0, "output": "same",
            "grammar_ms_per_token": 0.0, "depth": 0.0, "rows": 0.0, "branches": 0.0,
-           "python_share": 0.1}
+           "python_share": 0.1, "asked": 1.0}
     row.update(changes)
     return row
 

@@ -2,10 +2,12 @@
 layers offloaded (-ngl $LLAMASPEC_TEST_NGL, default -1: all of them):
 
 - speculative greedy text is the offloaded model's own one-token-at-a-time greedy text, but at
-  near-ties (a verify batch runs other kernels than a single token: test_greedy_real's rule);
-- plain greedy text is the CPU's, but at ties a little wider (CROSS_DEVICE): the GPU's kernels
-  round differently (on an H100, SmolLM2's Q4_1 left the CPU's text at logit gaps of 0.59 to
-  0.74, measured on the CPU);
+  near-ties (a verify batch runs other kernels than a single token: test_greedy_real's rule; on
+  a GPU wider, ON_GPU: SmolLM2's Q4_1 left it at a gap of 0.54 on an H200);
+- plain greedy text is the CPU's, but at ties wider still (CROSS_DEVICE): the GPU's kernels
+  round differently (SmolLM2's Q4_1 left the CPU's text at logit gaps of 0.59 to 0.74 on an
+  H100 and of 1.03 and 1.43 on an H200, measured on the CPU; its top two logits lie several
+  apart elsewhere);
 - the KV caches hold exactly the text after every step.
 
 scripts/gpu_check.sh runs this module on a CUDA build. On a build without a GPU llama.cpp
@@ -23,10 +25,11 @@ from llamaspec.llama.binding import backend_name, gpus
 
 from conftest import PROMPTS, SMOL
 from test_engine_real import generate_checked
-from test_greedy_real import N_TOKENS, check_greedy
+from test_greedy_real import N_TOKENS, NEAR_TIE, check_greedy
 
 OFFLOAD = int(os.environ.get("LLAMASPEC_TEST_NGL", "-1"))
-CROSS_DEVICE = 1.0  # logit gap under which the GPU's greedy token may differ from the CPU's
+ON_GPU = 1.0  # logit gap under which a GPU's verify batch may choose otherwise than its single token
+CROSS_DEVICE = 2.0  # logit gap under which the GPU's greedy token may differ from the CPU's
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +65,9 @@ def test_offloaded_speculation_is_the_offloaded_greedy_text(offloaded, reference
     result = spec.generate(PROMPTS[i], max_tokens=N_TOKENS, temperature=0)
     if strategy == "self-draft":
         assert result.stats.n_drafted > 0 and result.stats.n_accept > 0
+    near_tie = ON_GPU if gpus() and OFFLOAD != 0 else NEAR_TIE
     compared, _ = check_greedy(reference(SMOL, OFFLOAD), spec.tokenize(PROMPTS[i]), plain.tokens, result.tokens,
-                               f"smollm2 {strategy}, -ngl {OFFLOAD}, prompt {i}")
+                               f"smollm2 {strategy}, -ngl {OFFLOAD}, prompt {i}", near_tie=near_tie)
     assert compared == N_TOKENS
 
 

@@ -17,7 +17,7 @@ ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text
 MORE = json.loads((Path(__file__).parent / "data" / "more_answers.json").read_text())
 HELD_OUT = json.loads((Path(__file__).parent / "data" / "held_out_answers.json").read_text())
 LINEAR = CostCurve([float(n) for n in range(1, 33)], 30.0, 2, "cpu")  # verifying never pays
-H100 = CostCurve(**json.loads((Path(__file__).parent / "data" / "gpu_curve.json").read_text())["curve"])
+GPU = CostCurve(**json.loads((Path(__file__).parent / "data" / "gpu_curve.json").read_text())["curve"])
 
 
 def test_copy_oracle_on_texts_whose_answer_is_known():
@@ -87,22 +87,39 @@ def test_perfect_estimates_split_the_gap_to_the_bound(name, qwen_vocab):
 
 @pytest.mark.parametrize("name, share", [("code_edit", 0.75), ("summarize_quotes", 0.7), ("json_record", 0.7)])
 def test_on_the_measured_gpu_curve_the_planner_verifies_long_copies(name, share, qwen_vocab):
-    """On the H100's curve (a batch costs about 3.5 single tokens whatever its size) a step that
-    verifies, verifies long: 71-77% of the copy bound (with estimates that know the answer,
-    83-88%; what is left is mostly the steps a copy takes to find its place again after an edit)."""
+    """On the H200's curve (a batch of 2 to 8 rows costs 3.6 single tokens, 32 rows 5.6) a step
+    that verifies, verifies long: 73-76% of the copy bound (what is left is mostly the steps a
+    copy takes to find its place again after an edit, which the oracle, knowing the answer,
+    never spends)."""
     item = ANSWERS[name]
-    bound = copy_oracle(item["prompt"], item["answer"], H100.cost)
-    stats = replay(item["prompt"], item["answer"], speculator(H100, vocab=qwen_vocab))
+    bound = copy_oracle(item["prompt"], item["answer"], GPU.cost)
+    stats = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
     print(f"{name}: {stats.speedup:.2f}x of a {bound:.2f}x bound, {stats.n_drafted / max(stats.n_steps, 1):.1f} rows a step")
     assert stats.speedup >= share * bound
 
 
 def test_on_the_measured_gpu_curve_never_much_slower_than_plain(qwen_vocab):
-    """A wrong verify costs 3.5 single-token decodes there, not 1.5 to 2 as on a CPU: the worst
-    recorded answer (h_csv, two of 87 verified tokens accepted) loses 6%."""
+    """A wrong verify costs 3.6 single-token decodes there, not 1.5 to 2 as on a CPU: the worst
+    recorded answer (h_json) loses 7%."""
     for name, item in {**ANSWERS, **MORE, **HELD_OUT}.items():
-        stats = replay(item["prompt"], item["answer"], speculator(H100, vocab=qwen_vocab))
-        assert stats.speedup >= 0.93, f"{name}: {stats.speedup:.2f}x"
+        stats = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
+        assert stats.speedup >= 0.92, f"{name}: {stats.speedup:.2f}x"
+
+
+def test_asking_is_gated_where_it_costs_more_than_it_gains(qwen_vocab):
+    """With asking the sources charged 0.55 single-token decodes a step (llamaspec's own time
+    beside SmolLM2-135M's 1.5 ms decode on the H200), asking every step made the answers that
+    copy little 0.63-0.65x plain; gated, none is below 0.85x, while the answers that copy much
+    ask nearly every step and lose nothing to the gate."""
+    for name, item in {**ANSWERS, **MORE, **HELD_OUT}.items():
+        free = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
+        gated = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab), ask_cost=0.55)
+        every = free.n_tokens / (free.cost + 0.55 * free.n_steps)  # the same steps, each asking
+        assert gated.speedup >= 0.85, f"{name}: {gated.speedup:.2f}x"
+        if free.speedup > 2:
+            assert gated.n_asked >= 0.9 * gated.n_steps and gated.speedup >= every - 0.01, name
+        elif every < 0.7:
+            assert gated.n_asked < 0.3 * gated.n_steps, name
 
 
 @pytest.mark.parametrize("curve", [FLATTER_CPU, REFERENCE_CPU, STEEP_CPU], ids=["flatter", "reference", "steep"])

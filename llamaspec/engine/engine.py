@@ -85,7 +85,8 @@ class Step:
     for both); ``path_sources[i]``: the sources that proposed accepted token i; ``depth``: the
     deepest verified candidate token; ``t_draft``: time an expensive source spent drafting;
     ``branches``: the verified trie's leaves; ``logprobs``: each new token's, when its lane asks
-    for them (from the row it was chosen at, shaped as it was).
+    for them (from the row it was chosen at, shaped as it was); ``asked``: whether the step
+    asked the draft sources (see planning.gate).
     """
 
     tokens: List[int]
@@ -98,6 +99,7 @@ class Step:
     idle: Dict[str, str] = field(default_factory=dict)
     branches: int = 0
     logprobs: Tuple[TokenLogprob, ...] = ()
+    asked: bool = False
 
     @property
     def n_accepted(self) -> int:
@@ -439,12 +441,12 @@ def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[T
     accepted = [trie.token[v] for v in path]
     path_sources = tuple(trie.sources(v, candidates) for v in path)
     outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens,
-                      plan.choice.cost, plan.choice.estimated)
+                      plan.choice.cost, plan.choice.estimated, t_plan - plan.t_draft)
     drafted: Dict[str, int] = {}
     for v in range(1, len(trie)):
         for name in trie.sources(v, candidates):
             drafted[name] = drafted.get(name, 0) + 1
     branches = sum(1 for v in range(1, len(trie)) if not trie.children[v])
     step = Step(accepted + [token], len(trie) - 1, drafted, path_sources, max(trie.depth), t_plan, plan.t_draft,
-                plan.idle, branches)
+                plan.idle, branches, asked=plan.asked)
     return outcome, step

@@ -39,6 +39,7 @@ class Stats:
     n_drafted: int = 0
     n_accept: int = 0
     n_target_calls: int = 0  # target llama_decode calls that chose tokens (the prompt's included)
+    n_asked: int = 0  # of which, steps that asked the draft sources (see planning.gate)
     t_decode: float = 0.0  # generation loop, drafting included
     t_plan: float = 0.0  # of which, asking the sources and planning (drafting included)
     t_draft: float = 0.0  # of which, a draft model drafting
@@ -88,6 +89,7 @@ class Stats:
         kept = len(step.tokens) if kept is None else kept
         n_accepted = min(step.n_accepted, kept)
         self.n_target_calls += 1
+        self.n_asked += step.asked
         self.n_predict += kept
         self.n_drafted += step.n_drafted
         self.n_accept += n_accepted

@@ -45,6 +45,7 @@ class ReplayStats:
 
     n_tokens: int = 0  # tokens emitted by target decodes (the prompt's first token aside)
     n_steps: int = 0  # target decodes
+    n_asked: int = 0  # of which, steps that asked the sources
     n_drafted: int = 0
     n_accept: int = 0
     cost: float = 0.0  # in single-token decodes
@@ -72,9 +73,12 @@ def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"
 
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
-           max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False) -> ReplayStats:
+           max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False,
+           ask_cost: float = 0.0) -> ReplayStats:
     """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
-    ``prompt``; charge each step the planner's cost of verifying its batch.
+    ``prompt``; charge each step the planner's cost of verifying its batch, and each step that
+    asked the sources ``ask_cost`` more (llamaspec's own time for asking and planning, in
+    single-token decodes; the speculator's gate learns it as measured).
 
     ``perfect``: plan with acceptance estimates that know the answer (1 for a candidate token
     on the answer's path, 0 elsewhere) instead of the acceptance model's. What the planner then
@@ -87,6 +91,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     rng = np.random.default_rng(0)
     tokens = [*prompt, answer[0]]
     pos = 1
+    ask_seconds = ask_cost * speculator.costs.ms(CostModel.TARGET, 1) / 1000
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
         plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
@@ -97,12 +102,14 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         pos += len(emitted)
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
         speculator.learn(Outcome(tokens, plan.candidates, plan.lengths, tuple(emitted), path_sources,
-                                 cost=plan.choice.cost, estimated=plan.choice.estimated))
+                                 cost=plan.choice.cost, estimated=plan.choice.estimated,
+                                 seconds=ask_seconds if plan.asked else 0.0))
         stats.n_tokens += len(emitted)
         stats.n_steps += 1
+        stats.n_asked += plan.asked
         stats.n_drafted += len(trie) - 1
         stats.n_accept += len(path)
-        stats.cost += plan.choice.cost
+        stats.cost += plan.choice.cost + (ask_cost if plan.asked else 0.0)
         for v in range(1, len(trie)):
             for name in trie.sources(v, plan.candidates):
                 stats.sources.setdefault(name, SourceStats()).drafted += 1

@@ -85,11 +85,13 @@ class Row:
     grammar_ms_per_token: float = 0.0  # following the schema (masks, checks, forced tokens), per emitted token
     # what the planner chose, per target call that verified candidates: its deepest candidate
     # token, its rows (candidate tokens) and its branches; and the share of the loop's time spent
-    # outside llama_decode (llamaspec's own work: planning, sources, sampling)
+    # outside llama_decode (llamaspec's own work: planning, sources, sampling); the share of
+    # target calls that asked the sources (see planning.gate)
     depth: float = 0.0
     rows: float = 0.0
     branches: float = 0.0
     python_share: float = 0.0
+    asked: float = 0.0
 
 
 @dataclass

@@ -135,4 +135,5 @@ def _row(prompt: str, strategy: str, runs: List[Tuple[Result, float]], plain: Op
                max(peak for _, peak in runs), output, 1000 * sum(s.t_grammar for s in stats) / max(n_predict, 1),
                depth=sum(sum(s.drafted_by_pos) for s in stats) / speculative, rows=n_drafted / speculative,
                branches=sum(s.n_branches for s in stats) / speculative,
-               python_share=outside_llama(sum(s.t_llama for s in stats), sum(s.t_decode for s in stats)))
+               python_share=outside_llama(sum(s.t_llama for s in stats), sum(s.t_decode for s in stats)),
+               asked=sum(s.n_asked for s in stats) / n_calls if n_calls else 0.0)

@@ -173,6 +173,12 @@ class CostModel:
         return (self.ms(name, lag + 1, length) + (n_tokens - 1) * self.ms(name, 1, length)) / \
             self.ms(self.TARGET, 1, length)
 
+    @property
+    def timed(self) -> bool:
+        """Whether the target's curve was measured in milliseconds, so wall times convert to its
+        units (an ideal curve, CostCurve.flat, has none)."""
+        return self.curves[self.TARGET].ms_per_token > 0
+
     def units(self, seconds: float, length: Optional[int] = None) -> float:
         """``seconds`` in units of one single-token target decode."""
         return 1000 * seconds / self.ms(self.TARGET, 1, length)

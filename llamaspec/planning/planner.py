@@ -224,6 +224,10 @@ class Planner:
         rows = 1 + n + (rider_rows if ride else 0)
         return Choice(tuple(lengths), ride, expected, sunk + cost(rows), worth_all, sum(raw[v] for v in chosen[:n]))
 
+    def plain_cost(self, limits: Limits) -> float:
+        """What a plain step costs: the one row it adds."""
+        return self._added(limits, 1)
+
     def _added(self, limits: Limits, rows: int) -> float:
         """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
         base, length = limits.base_rows, limits.length

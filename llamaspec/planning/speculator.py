@@ -6,8 +6,9 @@ The engine (a real target) and the replay harness (a recorded answer) both drive
     ... verify plan.trie (and the rider) ...
     speculator.learn(outcome)                                # every part learns from one outcome
 
-Cheap sources (lookup, n-gram caches, lookahead) propose every step. An expensive one (a draft
-model) is asked only when the planner expects it to pay; otherwise ``idle`` says why.
+Cheap sources (lookup, n-gram caches, lookahead) propose every step that asks (every step,
+unless asking has not been paying for its own time: see Gate). An expensive one (a draft model)
+is asked only when the planner expects it to pay; otherwise ``idle`` says why.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..grammar import Constraint
 from ..sources.base import Budget, Candidate, Outcome, Rider, Source
 from ..config import SamplingConfig
 from .costs import CostModel
+from .gate import Gate
 from .planner import Choice, Limits, Planner
 from .trie import Trie
 
@@ -34,7 +36,8 @@ MAX_CANDIDATES = 4
 class Plan:
     """What to verify this step: ``trie`` (the pending token at its root) holds the first
     ``lengths[c]`` tokens of every ``candidates[c]``; ``rider`` rides along when set.
-    ``t_draft`` is the wall time an expensive source spent proposing."""
+    ``t_draft`` is the wall time an expensive source spent proposing; ``asked``: whether the
+    sources were asked (see Gate)."""
 
     trie: Trie
     candidates: Tuple[Candidate, ...]
@@ -43,6 +46,7 @@ class Plan:
     choice: Choice
     t_draft: float = 0.0
     idle: Dict[str, str] = field(default_factory=dict)
+    asked: bool = True
 
 
 class Speculator:
@@ -56,6 +60,7 @@ class Speculator:
         self.model = model
         self.planner = planner
         self.ends = ends
+        self.gate = Gate()
 
     @property
     def costs(self) -> CostModel:
@@ -77,6 +82,9 @@ class Speculator:
                 return cand
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
         limits = replace(limits, length=len(tokens))
+        if not self.planner.fixed and not self.gate.ask(self.planner.plain_cost(limits)):
+            choice = self.planner.choose((), (), None, limits)
+            return Plan(Trie.build(tokens[-1], (), choice.lengths), (), choice.lengths, None, choice, asked=False)
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None
@@ -116,6 +124,10 @@ class Speculator:
     def learn(self, outcome: Outcome) -> None:
         self.model.learn(outcome)
         self.planner.learn(len(outcome.emitted), outcome.cost, outcome.estimated)
+        asking = self.costs.units(outcome.seconds, len(outcome.tokens)) if self.costs.timed else 0.0
+        n = len(outcome.emitted)
+        foresaw = any(c.tokens[:n] == outcome.emitted for c in outcome.candidates)
+        self.gate.learn(outcome.n_accepted, outcome.cost, asking, foresaw)
         for source in self.sources:
             source.learn(outcome)
 

@@ -107,7 +107,8 @@ class Outcome:
     ``path_sources`` the sources behind each accepted token, ``rider_tokens`` the target's
     greedy token at each rider row with logits (None when no rider rode), ``cost`` what the
     step cost as planned, in single-token decodes, ``estimated`` the candidate tokens the
-    acceptance model expected accepted among those verified.
+    acceptance model expected accepted among those verified, ``seconds`` the wall time asking
+    the sources and planning took (a draft model's drafting aside; 0: not measured).
     """
 
     tokens: Sequence[int]
@@ -118,6 +119,7 @@ class Outcome:
     rider_tokens: Optional[Tuple[int, ...]] = None
     cost: float = 0.0
     estimated: float = 0.0
+    seconds: float = 0.0
 
     @property
     def n_accepted(self) -> int:
