@@ -9,12 +9,12 @@ with llama-cpp-python's optional ``schema``, or ``json_schema``), llama-cpp-pyth
 GrammarError before anything is decoded. Penalties and logit biases shape every row the target
 is verified at (llama.cpp's definitions); ``logprobs`` come from those rows; ``suffix`` asks for
 the middle between the prompt and it (fill-in-the-middle); ``echo`` puts the prompt before the
-text. ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``): the tools go through the model's
+text (with ``logprobs``, its tokens' log-probabilities too, the model reading the whole prompt
+again with a row of logits per token). ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``): the tools go through the model's
 chat template, calls come back as ``tool_calls``. Refused with a ConfigError naming them, when set
 to anything but their neutral value: samplers not verified here (mirostat, tail-free sampling,
-which llama.cpp no longer has), Python callbacks (``logits_processor``, ``stopping_criteria``),
-the deprecated ``functions``, and ``echo`` with ``logprobs`` (a prompt's own log-probabilities are
-not computed). Responses also carry llama-server's ``timings`` object. ``n`` choices are n
+which llama.cpp no longer has), Python callbacks (``logits_processor``, ``stopping_criteria``)
+and the deprecated ``functions``. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
 samples decoded together; with a ``batcher`` (LlamaSpec.batcher) a request is decoded beside the
 batcher's other requests.
 """
@@ -60,9 +60,10 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     at its next step and the answer (or the stream's last chunks) says what it had."""
     refuse(tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
            stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None)
-    if echo and logprobs is not None:
-        raise ConfigError("echo with logprobs is not supported: llamaspec reads a prompt without the log-probabilities "
-                          "of its own tokens; ask for echo or for logprobs")
+    scored = echo and logprobs is not None
+    if scored and suffix is not None:
+        raise ConfigError("echo with logprobs and a suffix: the prompt read is the fill-in-the-middle layout, not the "
+                          "echoed text; ask without the suffix or without echo")
     rules = requested_grammar(response_format, grammar, json_schema)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model or spec.model_name}
@@ -75,21 +76,29 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
         prompt = spec.fim_tokens(prompt, suffix)
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
                    shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p))
-    events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs})
+    events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs, "echo": scored})
+    tokens = (spec.tokenize(prompt) if isinstance(prompt, str) else list(prompt)) if scored else []
     if stream:
-        return _completion_chunks(spec, events, n, head, echoed, abandoned)
+        return _completion_chunks(spec, events, n, head, echoed, abandoned, tokens)
     results = _results(events, n, abandoned)
-    return {**head, "choices": [{"text": echoed + r.text, "index": i, "logprobs": _text_logprobs(spec, r.logprobs),
+    return {**head, "choices": [{"text": echoed + r.text, "index": i,
+                                 "logprobs": _text_logprobs(spec, r.logprobs, _echoed(spec, tokens, r.prompt_logprobs)),
                                  "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
 
 
 def _completion_chunks(spec: Any, events: "Events", n: int, head: Response, echoed: str = "",
-                       abandoned: Optional[threading.Event] = None) -> Iterator[Response]:
+                       abandoned: Optional[threading.Event] = None, tokens: Sequence[int] = ()) -> Iterator[Response]:
+    """With ``tokens`` (the prompt's, echo with logprobs) each choice's echo comes with its first
+    chunk, which carries the prompt's log-probabilities; else before any."""
     try:
-        if echoed:
+        if echoed and not tokens:
             for i in range(n):
                 yield {**head, "choices": [{"text": echoed, "index": i, "logprobs": None, "finish_reason": None}]}
         for i, chunk, totals in _read(events, n, abandoned):
+            if tokens and chunk.prompt_logprobs:
+                yield {**head, "choices": [{"text": echoed, "index": i, "finish_reason": None,
+                                            "logprobs": _text_logprobs(spec, [], _echoed(spec, tokens,
+                                                                                         chunk.prompt_logprobs))}]}
             logprobs = _text_logprobs(spec, chunk.logprobs) if chunk.logprobs else None
             if chunk.result is not None:
                 yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": logprobs,
@@ -128,17 +137,32 @@ def _native(answer: Response) -> Response:
     return out
 
 
-def _text_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:
+def _text_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]],
+                   prompt: Sequence[Union[int, TokenLogprob]] = ()) -> Optional[Response]:
     """A completion's ``logprobs`` as OpenAI's legacy completions give them (tokens, their
-    log-probabilities, the best tokens' at each and each token's offset in the text)."""
+    log-probabilities, the best tokens' at each and each token's offset in the text). ``prompt``
+    (echo): the prompt's tokens first, each as its TokenLogprob, or its id where it has none
+    (the first: null, as OpenAI gives it)."""
     if logprobs is None:
         return None
-    tokens = [_piece(spec, lp.token) for lp in logprobs]
+    entries = [*prompt, *logprobs]
+    tokens = [_piece(spec, e if isinstance(e, int) else e.token) for e in entries]
     offsets = [0]
     for token in tokens[:-1]:
         offsets.append(offsets[-1] + len(token))
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{_piece(spec, t): v for t, v in lp.top} for lp in logprobs], "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [None if isinstance(e, int) else e.logprob for e in entries],
+            "top_logprobs": [None if isinstance(e, int) else {_piece(spec, t): v for t, v in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def _echoed(spec: Any, tokens: Sequence[int], logprobs: Optional[List[TokenLogprob]]) -> List[Union[int, TokenLogprob]]:
+    """The echoed prompt's entries for _text_logprobs: its ``tokens`` (a leading BOS left out, as
+    llama-cpp-python leaves it out of the echoed text), the first as its id alone, the others with
+    their ``logprobs`` (``logprobs[i]`` is ``tokens[i + 1]``'s)."""
+    if not tokens or logprobs is None:
+        return []
+    skip = 1 if spec.model.add_bos and tokens[0] == spec.model.bos and len(tokens) > 1 else 0
+    return [tokens[skip], *logprobs[skip:]]
 
 
 def _chat_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:

@@ -199,13 +199,15 @@ class DraftConfig:
 class GenerationConfig:
     """When to stop (``max_tokens`` < 0 generates until a stop or a full context), how to sample,
     the ``grammar`` the text must follow, if any, and ``logprobs``: None, or each token's
-    log-probability with the ``logprobs`` most probable tokens' (0: the token's alone)."""
+    log-probability with the ``logprobs`` most probable tokens' (0: the token's alone);
+    ``echo``: the prompt's tokens' as well (each after the first, as the model reads them)."""
 
     max_tokens: int = 256
     stop: Tuple[str, ...] = ()
     sampling: SamplingConfig = SamplingConfig()
     grammar: Optional["Grammar"] = None
     logprobs: Optional[int] = None
+    echo: bool = False
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "
@@ -213,6 +215,7 @@ class GenerationConfig:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"log-probabilities are asked for the 0 to {MAX_LOGPROBS} most probable tokens, got {self.logprobs}")
+        _check(not self.echo or self.logprobs is not None, "the prompt's log-probabilities (echo) need logprobs")
 
 
 @dataclass(frozen=True)

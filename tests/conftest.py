@@ -163,6 +163,14 @@ class Reference:
             gap.append(float(two[1] - two[0]))
         return np.array(argmax), np.array(gap)
 
+    def prompt_logprobs(self, tokens: List[int]) -> np.ndarray:
+        """Each token's log-probability after the first, the text read in one batch."""
+        self.ctx.clear()
+        self.ctx.eval(tokens, logits="all")
+        rows = self.ctx.logits(len(tokens))[:-1].astype(np.float64)
+        norm = rows.max(axis=1) + np.log(np.exp(rows - rows.max(axis=1, keepdims=True)).sum(axis=1))
+        return rows[np.arange(len(tokens) - 1), tokens[1:]] - norm
+
     def row_after(self, prompt: List[int], continuation: List[int]) -> np.ndarray:
         """The logits after ``continuation``: the prompt read in one batch, as generation reads
         it, then one token at a time."""

@@ -105,8 +105,40 @@ def test_echo_returns_the_prompt_then_the_text(qwen_auto):
     assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
 
 
+def test_echo_with_logprobs_scores_the_prompt(qwen_auto, reference):
+    """OpenAI's legacy scoring: the prompt's tokens with their log-probabilities (the first has
+    none), read by the model as one text, then the answer's, as a run without echo gives them."""
+    prompt = "The capital of France is"
+    tokens = qwen_auto.tokenize(prompt)
+    answer = qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2)
+    alone = qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, logprobs=2)
+    lp, own = answer["choices"][0]["logprobs"], alone["choices"][0]["logprobs"]
+    assert "".join(lp["tokens"]) == answer["choices"][0]["text"] == prompt + alone["choices"][0]["text"]
+    n = len(tokens)
+    assert lp["tokens"][n:] == own["tokens"] and lp["token_logprobs"][n:] == own["token_logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    expected = reference(QWEN).prompt_logprobs(tokens)
+    assert np.allclose(lp["token_logprobs"][1:n], expected, atol=1e-4), (lp["token_logprobs"][1:n], expected)
+    assert all(len(top) == 2 and max(top.values()) >= value - 1e-6
+               for top, value in zip(lp["top_logprobs"][1:n], lp["token_logprobs"][1:n]))
+    assert lp["text_offset"][n] == len(prompt)
+    chunks = list(qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2,
+                                              stream=True))
+    assert chunks[0]["choices"][0]["text"] == prompt and chunks[0]["choices"][0]["logprobs"] == {
+        key: value[:n] for key, value in lp.items()}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
+    samples = qwen_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True, logprobs=1)
+    first, second = (c["logprobs"]["token_logprobs"][:n] for c in samples["choices"])
+    assert first == second and np.allclose(first[1:], expected, atol=1e-4)
+
+
+def test_nothing_to_generate_ends_at_once(qwen_auto):
+    result = qwen_auto.generate("The capital of France is", max_tokens=0, temperature=0)
+    assert result.text == "" and result.tokens == [] and result.stop_reason == "length"
+
+
 @pytest.mark.parametrize("arguments, fragment", [
-    ({"echo": True, "logprobs": 1}, "echo with logprobs is not supported"),
+    ({"echo": True, "logprobs": 1, "suffix": "x"}, "echo with logprobs and a suffix"),
     ({"mirostat_mode": 2}, "mirostat_mode is not supported"),
     ({"tfs_z": 0.5}, "tfs_z is not supported"),
     ({"logits_processor": [print]}, "logits_processor is not supported"),
@@ -158,6 +190,11 @@ def test_the_server_serves_fim_logprobs_and_penalties(qwen_server):
                                           presence_penalty=0.5, extra_body={"repeat_penalty": 1.2,
                                                                             "logit_bias": {"11": -100}})
     assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 3
+    scored = client.completions.create(model="x", prompt="The capital of France is", max_tokens=2, temperature=0,
+                                       echo=True, logprobs=1)
+    lp = scored.choices[0].logprobs
+    assert "".join(lp.tokens) == scored.choices[0].text and scored.choices[0].text.startswith("The capital of France is")
+    assert lp.token_logprobs[0] is None and all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
     status, native = qwen_server.request("POST", "/infill", {"input_prefix": HEAD, "input_suffix": TAIL,
                                                               "input_extra": [{"filename": "stats.py",
                                                                                "text": "import statistics\n"}],

@@ -362,7 +362,7 @@ BAD = [
     ("/v1/completions", {"prompt": "word " * 3000}, "context holds"),
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": [10**9]}, "not in the vocabulary"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2, "echo": True}, "echo with logprobs is not supported"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 2, "echo": True, "suffix": "x"}, "echo with logprobs and a suffix"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "mirostat": 2},
      "mirostat_mode is not supported"),
     ("/v1/completions", {"prompt": "hi", "tfs_z": 0.9}, "tfs_z is not supported"),

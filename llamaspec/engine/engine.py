@@ -72,6 +72,9 @@ from .acceptance import walk_greedy, walk_sampled
 # Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
 # delays them by a fraction of a second, not by its whole evaluation).
 PREFILL_CHUNK = 64
+# Prompt tokens read per decode with a row of logits each (echo with log-probabilities): 64 rows
+# of a 152k vocabulary are 39 MB of logits.
+ECHO_CHUNK = 64
 
 Uniform = Callable[[int], float]
 
@@ -86,7 +89,9 @@ class Step:
     deepest verified candidate token; ``t_draft``: time an expensive source spent drafting;
     ``branches``: the verified trie's leaves; ``logprobs``: each new token's, when its lane asks
     for them (from the row it was chosen at, shaped as it was); ``asked``: whether the step
-    asked the draft sources (see planning.gate).
+    asked the draft sources (see planning.gate); ``echoed``: on a text's first step, when asked
+    for, each prompt token's log-probability after the first (from the raw row that read the
+    token before it).
     """
 
     tokens: List[int]
@@ -100,10 +105,11 @@ class Step:
     branches: int = 0
     logprobs: Tuple[TokenLogprob, ...] = ()
     asked: bool = False
+    echoed: Tuple[TokenLogprob, ...] = ()
 
     @property
     def n_accepted(self) -> int:
-        return len(self.tokens) - 1
+        return max(len(self.tokens) - 1, 0)
 
 
 def check_prompt(n_prompt: int, limit: int) -> None:
@@ -132,6 +138,7 @@ class Lane:
     limit: int = 0
     constraint: Optional[Constraint] = None  # where its text is in its grammar, when it has one
     logprobs: Optional[int] = None  # None: none; k: each token's log-probability and the k best tokens'
+    echoed: Optional[List[TokenLogprob]] = None  # the prompt's, gathered while it is read (echo)
 
     @property
     def live(self) -> bool:
@@ -180,15 +187,17 @@ class Engine:
     def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
               sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
               limit: int, constraints: Optional[Sequence[Optional[Constraint]]] = None,
-              logprobs: Optional[int] = None) -> int:
+              logprobs: Optional[int] = None, echo: bool = False) -> int:
         """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
         prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
         positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms);
         ``constraints``: each lane's grammar state, where its text is constrained; ``logprobs``:
-        the best tokens' log-probabilities each step reports with its tokens' (None: none)."""
+        the best tokens' log-probabilities each step reports with its tokens' (None: none);
+        ``echo``: the prompt's tokens' too, reported by the first step (the whole prompt is read
+        again, with a row of logits per token)."""
         check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
-        keep = min(common_prefix(first.cached, prompt), len(prompt) - 1)
+        keep = 0 if echo else min(common_prefix(first.cached, prompt), len(prompt) - 1)
         for i, index in enumerate(lanes):
             lane = self.lanes[index]
             if lane.state != "idle":
@@ -204,6 +213,7 @@ class Engine:
             lane.left, lane.limit = max_new, limit
             lane.constraint = constraints[i] if constraints is not None else None
             lane.logprobs = logprobs
+            lane.echoed = [] if echo and i == 0 else None
         return len(prompt) - keep
 
     def stop(self, lane: int, keep: Optional[int] = None) -> None:
@@ -236,14 +246,17 @@ class Engine:
             for ln in reading:
                 room = target.n_batch - committed
                 take = min(len(ln.tokens) - len(ln.cached), room if not live else min(room, PREFILL_CHUNK))
+                echo = ln.echoed is not None
+                if echo:
+                    take = min(take, ECHO_CHUNK)
                 if take <= 0:
                     continue
                 start = len(ln.cached)
                 last = start + take == len(ln.tokens)
                 for i, token in enumerate(ln.tokens[start:start + take]):
-                    rows.append((token, start + i, (ln.home,), last and i == take - 1))
-                chunks.append((ln, take, n_out if last else -1))
-                n_out += last
+                    rows.append((token, start + i, (ln.home,), echo or (last and i == take - 1)))
+                chunks.append((ln, take, n_out, last))
+                n_out += take if echo else last
                 committed += take
             laid: List[Laid] = []
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
@@ -271,10 +284,15 @@ class Engine:
             if costs is not None:
                 costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
             logits = target.logits(n_out)
-            for ln, take, row in chunks:
-                ln.cached += ln.tokens[len(ln.cached):len(ln.cached) + take]
-                if row >= 0:
-                    emitted += self._first_tokens(ln, logits[row])
+            for ln, take, out, last in chunks:
+                start = len(ln.cached)
+                ln.cached += ln.tokens[start:start + take]
+                if ln.echoed is not None:  # row i read token start + i; the next one is the prompt's
+                    ln.echoed += [logprob_of(logits[out + i], ln.tokens[start + i + 1], ln.logprobs or 0)
+                                  for i in range(take) if start + i + 1 < len(ln.tokens)]
+                    out += take - 1
+                if last:
+                    emitted += self._first_tokens(ln, logits[out])
             for d in laid:
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
                 rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None
@@ -314,6 +332,8 @@ class Engine:
         """The group's prompt is read: every lane of it shares the cells and draws its first token."""
         out = []
         n = len(first.tokens)
+        echoed = tuple(first.echoed) if first.echoed is not None else ()
+        first.echoed = None
         for index in first.group:
             ln = self.lanes[index]
             if ln is not first:
@@ -322,8 +342,9 @@ class Engine:
                 self.target.seq_rm(ln.home, -1, -1)
                 self.target.seq_cp(first.home, ln.home, -1, -1)
                 ln.cached = list(first.cached)
-            if ln.left <= 0:
+            if ln.left <= 0:  # nothing to generate (max_tokens 0): a step of no tokens ends it
                 ln.state = "decoding"
+                out.append((ln.home, Step([], echoed=echoed)))
                 continue
             shaped = shape(row, ln.sampling, ln.tokens)
             token = choose(shaped, ln.sampling, ln.constraint, lambda: ln.uniform(n))
@@ -333,7 +354,7 @@ class Engine:
             ln.tokens.append(token)
             ln.left -= 1
             ln.state = "decoding"
-            out.append((ln.home, Step([token], logprobs=logprobs)))
+            out.append((ln.home, Step([token], logprobs=logprobs, echoed=echoed)))
         return out
 
     def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]]) -> Step:

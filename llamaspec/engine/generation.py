@@ -32,7 +32,8 @@ class Result:
     (max_tokens reached), "context" (the context is full) or "interrupted" (the stream was
     closed before it ended). ``dropped_turns``: the oldest chat turns left out so that the
     conversation fits the context. ``warnings``: what went wrong after the text was complete
-    (saving a dynamic n-gram cache). ``logprobs``: each token's, when they were asked for."""
+    (saving a dynamic n-gram cache). ``logprobs``: each token's, when they were asked for;
+    ``prompt_logprobs``: each prompt token's after the first, when asked for (echo)."""
 
     text: str
     tokens: List[int]
@@ -41,18 +42,21 @@ class Result:
     dropped_turns: int = 0
     warnings: List[str] = field(default_factory=list)
     logprobs: Optional[List[TokenLogprob]] = None
+    prompt_logprobs: Optional[List[TokenLogprob]] = None
 
 
 @dataclass
 class Chunk:
     """Text accepted in one step; ``from_draft`` of ``tokens`` were drafted and accepted;
-    ``logprobs``: the tokens', when asked for. The last chunk of a stream carries the ``result``."""
+    ``logprobs``: the tokens', when asked for; ``prompt_logprobs``: the first chunk's, the
+    prompt's (echo). The last chunk of a stream carries the ``result``."""
 
     text: str
     tokens: List[int] = field(default_factory=list)
     from_draft: int = 0
     result: Optional[Result] = None
     logprobs: List[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 class Vocabulary(Protocol):
@@ -77,6 +81,7 @@ class Collector:
         self.text = TextStream(config.stop)
         self.tokens: List[int] = []
         self.logprobs: Optional[List[TokenLogprob]] = [] if config.logprobs is not None else None
+        self.prompt_logprobs: Optional[List[TokenLogprob]] = [] if config.echo else None
         self.stop_reason = "interrupted"
         self._t0 = time.perf_counter()
         self._result: Optional[Result] = None
@@ -103,14 +108,17 @@ class Collector:
         logprobs = list(step.logprobs[:len(taken)])
         if self.logprobs is not None:
             self.logprobs += logprobs
-        return Chunk(piece, taken, min(step.n_accepted, len(taken)), logprobs=logprobs), kept
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs += step.echoed
+        return Chunk(piece, taken, min(step.n_accepted, len(taken)), logprobs=logprobs,
+                     prompt_logprobs=list(step.echoed)), kept
 
     def result(self, dropped_turns: int = 0) -> Result:
         """The generation as it stands: its decode time ends now."""
         self.stats.t_decode = time.perf_counter() - self._t0
         self.stats.stop_reason = self.stop_reason
         self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
-                              logprobs=self.logprobs)
+                              logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs)
         return self._result
 
     def tail(self) -> Chunk:
@@ -143,7 +151,7 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
                 seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None,
                 repeat_penalty: float = _SAMPLING.repeat_penalty, frequency_penalty: float = _SAMPLING.frequency_penalty,
                 presence_penalty: float = _SAMPLING.presence_penalty, penalty_last_n: int = _SAMPLING.penalty_last_n,
-                logit_bias: Any = None, logprobs: Optional[int] = None) -> GenerationConfig:
+                logit_bias: Any = None, logprobs: Optional[int] = None, echo: bool = False) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
     ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
     ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
@@ -151,7 +159,8 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
     ``stop`` None mean what llama-cpp-python means: until a stop or a full context, no stop strings.
     Penalties and ``logit_bias`` (a mapping of token ids, or their decimal text as OpenAI sends
     them, to biases; or (token, bias) pairs): see SamplingConfig. ``logprobs``: None, or the
-    number of most probable tokens whose log-probabilities come with each token's."""
+    number of most probable tokens whose log-probabilities come with each token's; ``echo``: the
+    prompt's tokens' too (the result's ``prompt_logprobs``)."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     max_tokens = -1 if max_tokens is None else max_tokens
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
@@ -162,7 +171,8 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
         raise ConfigError("give a grammar or a JSON schema, not both")
     rules = Grammar.of(grammar) if grammar is not None else (
         Grammar.json_schema(json_schema) if json_schema is not None else None)
-    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs)
+    return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs,
+                            echo=echo)
 
 
 def biases(value: Any) -> Tuple[Tuple[int, float], ...]:
