@@ -290,9 +290,8 @@ class Engine:
                 if ln.echoed is not None:  # row i read token start + i; the next one is the prompt's
                     ln.echoed += [logprob_of(logits[out + i], ln.tokens[start + i + 1], ln.logprobs or 0)
                                   for i in range(take) if start + i + 1 < len(ln.tokens)]
-                    out += take - 1
-                if last:
-                    emitted += self._first_tokens(ln, logits[out])
+                if last:  # the prompt's last row: every row has logits when echoing, else only it
+                    emitted += self._first_tokens(ln, logits[out + take - 1 if ln.echoed is not None else out])
             for d in laid:
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
                 rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None

@@ -91,7 +91,6 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     rng = np.random.default_rng(0)
     tokens = [*prompt, answer[0]]
     pos = 1
-    ask_seconds = ask_cost * speculator.costs.ms(CostModel.TARGET, 1) / 1000
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
         plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
@@ -100,6 +99,8 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         emitted = [trie.token[v] for v in path] + [token]
         tokens += emitted
         pos += len(emitted)
+        # asking's time as the speculator learns it, at the text's length: ask_cost decodes there
+        ask_seconds = ask_cost * speculator.costs.ms(CostModel.TARGET, 1, len(tokens)) / 1000
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
         speculator.learn(Outcome(tokens, plan.candidates, plan.lengths, tuple(emitted), path_sources,
                                  cost=plan.choice.cost, estimated=plan.choice.estimated,
