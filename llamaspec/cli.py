@@ -120,6 +120,13 @@ MODEL_OPTIONS = {
                                      show_default=True, help="Lower the logit of every token seen (0: off)."),
     "frequency_penalty": click.option("--frequency-penalty", type=float, default=_SAMPLING.frequency_penalty,
                                       show_default=True, help="Lower a token's logit by this per time seen (0: off)."),
+    "mirostat": click.option("--mirostat", type=click.IntRange(0, 2), default=_SAMPLING.mirostat, show_default=True,
+                             help="Mirostat sampling, after the temperature, instead of top-k/p, min-p, typical "
+                                  "(0: off, 1: mirostat, 2: mirostat 2.0)."),
+    "mirostat_eta": click.option("--mirostat-lr", "mirostat_eta", type=float, default=_SAMPLING.mirostat_eta,
+                                 show_default=True, help="Mirostat's learning rate, eta."),
+    "mirostat_tau": click.option("--mirostat-ent", "mirostat_tau", type=float, default=_SAMPLING.mirostat_tau,
+                                 show_default=True, help="Mirostat's target entropy (bits a token), tau."),
     "logit_bias": click.option("-l", "--logit-bias", "logit_bias", multiple=True,
                                help="TOKEN_ID(+/-)BIAS added to a token's logit, e.g. 15043+1 or 15043-inf "
                                     "(repeatable)."),
@@ -248,7 +255,7 @@ def _str(path: Optional[Path]) -> Optional[str]:
 
 def _generation_options(o: dict) -> dict:
     keys = ("max_tokens", "stop", "temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "repeat_penalty",
-            "penalty_last_n", "presence_penalty", "frequency_penalty")
+            "penalty_last_n", "presence_penalty", "frequency_penalty", "mirostat", "mirostat_eta", "mirostat_tau")
     opts = {k: o[k] for k in keys}
     opts["stop"] = tuple(_utf8_option(s, "a --stop string") for s in opts["stop"])
     opts["logit_bias"] = [_logit_bias(text) for text in o["logit_bias"]]

@@ -11,10 +11,11 @@ is verified at (llama.cpp's definitions); ``logprobs`` come from those rows; ``s
 the middle between the prompt and it (fill-in-the-middle); ``echo`` puts the prompt before the
 text (with ``logprobs``, its tokens' log-probabilities too, the model reading the whole prompt
 again with a row of logits per token). ``tools`` and ``tool_choice`` are OpenAI's (``tools.py``): the tools go through the model's
-chat template, calls come back as ``tool_calls``. Refused with a ConfigError naming them, when set
-to anything but their neutral value: samplers not verified here (mirostat, tail-free sampling,
-which llama.cpp no longer has), Python callbacks (``logits_processor``, ``stopping_criteria``)
-and the deprecated ``functions``. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
+chat template, calls come back as ``tool_calls``. ``mirostat_mode`` samples with mirostat as
+llama-cpp-python does (``mirostat``); ``logits_processor`` and ``stopping_criteria`` are asked once
+per generated token, as plain decoding asks them; ``tfs_z`` is accepted and does nothing, as in
+llama-cpp-python (llama.cpp no longer has tail-free sampling). Refused with a ConfigError naming
+them: the deprecated ``functions`` and ``function_call``. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
 samples decoded together; with a ``batcher`` (LlamaSpec.batcher) a request is decoded beside the
 batcher's other requests.
 """
@@ -58,8 +59,6 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
     (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
     answer any more (the server's client left, the server is shutting down); the generation stops
     at its next step and the answer (or the stream's last chunks) says what it had."""
-    refuse(tfs_z=tfs_z != 1.0, mirostat_mode=mirostat_mode != 0,
-           stopping_criteria=stopping_criteria is not None, logits_processor=logits_processor is not None)
     scored = echo and logprobs is not None
     if scored and suffix is not None:
         raise ConfigError("echo with logprobs and a suffix: the prompt read is the fill-in-the-middle layout, not the "
@@ -75,8 +74,11 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
             raise ConfigError("suffix needs a text prompt (the code before the gap), not tokens")
         prompt = spec.fim_tokens(prompt, suffix)
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
-                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p))
-    events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs, "echo": scored})
+                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p),
+                   mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta))
+    events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs, "echo": scored,
+                                               "logits_processor": logits_processor,
+                                               "stopping_criteria": stopping_criteria})
     tokens = (spec.tokenize(prompt) if isinstance(prompt, str) else list(prompt)) if scored else []
     if stream:
         return _completion_chunks(spec, events, n, head, echoed, abandoned, tokens)
@@ -201,15 +203,16 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     (llama-server's field) constrain the reply (see ``requested_grammar``). ``tools`` and
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
     reason "tool_calls". ``abandoned``: as in create_completion."""
-    refuse(functions=functions is not None, function_call=function_call is not None, tfs_z=tfs_z != 1.0,
-           mirostat_mode=mirostat_mode != 0, logits_processor=logits_processor is not None)
+    refuse(functions=functions is not None, function_call=function_call is not None)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
     called = Tools.of(tools, tool_choice)
     rules = grammar_with(called, requested_grammar(response_format, grammar, json_schema))
     opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
-                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p))
+                   shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p),
+                   mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta))
     opts["logprobs"] = (top_logprobs or 0) if logprobs else None
+    opts["logits_processor"] = logits_processor
     chat = [with_calls(m, _text_message(m)) for m in messages]
     shown = template_tools(spec.chat_template(), called, chat)
     tokens, dropped = spec.chat_prompt(chat, opts["max_tokens"], trim, tools=shown)
@@ -378,12 +381,22 @@ def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
 
 def options(max_tokens: Optional[int], temperature: float, top_p: float, min_p: float, top_k: int,
             stop: Optional[Union[str, List[str]]], seed: Optional[int], grammar: Optional[Grammar] = None,
-            shaping: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            shaping: Optional[Dict[str, Any]] = None, sampler: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """llama-cpp-python's arguments as llamaspec's generation options (max_tokens None or <= 0:
-    until a stop or the end of the context); ``shaping``: penalties, biases and typical-p (``shaping``)."""
+    until a stop or the end of the context); ``shaping``: penalties, biases and typical-p
+    (``shaping``); ``sampler``: mirostat's (``mirostat``)."""
     return {"max_tokens": -1 if max_tokens is None or max_tokens <= 0 else max_tokens, "temperature": temperature,
             "top_p": top_p, "min_p": min_p, "top_k": top_k, "stop": [stop] if isinstance(stop, str) else (stop or []),
-            "seed": seed, "grammar": grammar, **(shaping or {})}
+            "seed": seed, "grammar": grammar, **(shaping or {}), **(sampler or {})}
+
+
+def mirostat(temperature: float, mode: int, tau: float, eta: float) -> Dict[str, Any]:
+    """llama-cpp-python's mirostat as generation options: its chain has no temperature before
+    mirostat (a temperature above 0 only says "sample"), where llama.cpp's programs divide by it
+    first, so the temperature is 1 here."""
+    if not mode:
+        return {}
+    return {"mirostat": mode, "mirostat_tau": tau, "mirostat_eta": eta, "temperature": 1.0 if temperature > 0 else temperature}
 
 
 def shaping(repeat_penalty: float, frequency_penalty: float, presence_penalty: float, repeat_last_n: int,
@@ -433,9 +446,7 @@ def refuse(**unsupported: bool) -> None:
     """ConfigError naming the first argument set that llamaspec does not support."""
     for name, is_set in unsupported.items():
         if is_set:
-            raise ConfigError(f"{name} is not supported: llamaspec verifies drafts against llama.cpp's top-k, "
-                              f"typical-p, top-p, min-p, temperature, penalties, logit biases and grammars, and runs "
-                              f"no Python callback")
+            raise ConfigError(f"{name} is not supported (OpenAI deprecated it): send tools and tool_choice")
 
 
 def finish_reason(result: Result) -> str:

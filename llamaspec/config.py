@@ -6,7 +6,7 @@ import math
 import os
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Optional, Tuple
 
 from .errors import ConfigError
 
@@ -123,6 +123,10 @@ class SamplingConfig:
     (prompt included; -1: the whole text, 0: none) has its logit divided by ``repeat_penalty``
     (multiplied, when it is negative), then lowered by ``c * frequency_penalty +
     presence_penalty``; ``logit_bias`` adds (token, bias) pairs to the logits first.
+
+    ``mirostat`` 1 or 2 samples with llama.cpp's mirostat sampler of that version instead of
+    top-k, typical-p, top-p and min-p, after the temperature (``sampling.Mirostat``): it aims at a
+    surprise of ``mirostat_tau`` bits a token, learning at rate ``mirostat_eta``.
     """
 
     temperature: float = 0.8
@@ -136,6 +140,9 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
     logit_bias: Tuple[Tuple[int, float], ...] = ()
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.temperature) and self.temperature >= 0,
@@ -153,6 +160,9 @@ class SamplingConfig:
                "frequency and presence penalties must be finite numbers")
         _check(self.penalty_last_n >= -1, f"the penalty window (repeat-last-n) must be >= -1 (-1: the whole text, "
                                           f"0: none), got {self.penalty_last_n}")
+        _check(self.mirostat in (0, 1, 2), f"mirostat is 0 (off), 1 or 2 (its version), got {self.mirostat}")
+        _check(math.isfinite(self.mirostat_tau) and math.isfinite(self.mirostat_eta),
+               "mirostat's target entropy (tau) and learning rate (eta) must be finite numbers")
         for token, bias in self.logit_bias:
             _check(isinstance(token, int) and token >= 0, f"a logit bias's token must be a token id >= 0, got {token!r}")
             _check(not math.isnan(bias) and bias != math.inf, f"token {token}'s logit bias must be a number or "
@@ -200,7 +210,10 @@ class GenerationConfig:
     """When to stop (``max_tokens`` < 0 generates until a stop or a full context), how to sample,
     the ``grammar`` the text must follow, if any, and ``logprobs``: None, or each token's
     log-probability with the ``logprobs`` most probable tokens' (0: the token's alone);
-    ``echo``: the prompt's tokens' as well (each after the first, as the model reads them)."""
+    ``echo``: the prompt's tokens' as well (each after the first, as the model reads them).
+    ``logits_processor`` and ``stopping_criteria``: llama-cpp-python's callables, each a function
+    of (the text's tokens, a row of logits), asked once per generated token as plain decoding
+    asks them (engine/target.py, engine.halted)."""
 
     max_tokens: int = 256
     stop: Tuple[str, ...] = ()
@@ -208,6 +221,8 @@ class GenerationConfig:
     grammar: Optional["Grammar"] = None
     logprobs: Optional[int] = None
     echo: bool = False
+    logits_processor: Optional[Callable[[Any, Any], Any]] = None
+    stopping_criteria: Optional[Callable[[Any, Any], bool]] = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "

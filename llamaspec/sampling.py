@@ -4,13 +4,16 @@
 the row; :func:`transform` then reproduces llama.cpp's sampler chain top-k -> top-p -> min-p ->
 temperature (``llama_sampler_init_top_k/top_p/min_p/temp``) and returns the sparse
 distribution that ``llama_sampler_init_dist`` would draw from. Speculative sampling
-needs that distribution itself, not just a draw from it.
+needs that distribution itself, not just a draw from it. :class:`Mirostat` replaces that chain
+when asked for: its distribution depends on the surprise of the tokens drawn before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
+
+import math
 
 import numpy as np
 
@@ -194,6 +197,65 @@ def _top_p(kept: np.ndarray, max_logit: float, z: float, top_p: float) -> np.nda
         if n <= len(best) or len(best) == len(kept):
             return best[:n]
         m *= 16
+
+
+# Mirostat 1 estimates the distribution's Zipf exponent from its best tokens (llama.cpp's m).
+MIROSTAT_M = 100
+
+
+@dataclass(eq=False)
+class Mirostat:
+    """Mirostat's state along one text (Basu et al. 2021, "Mirostat: a neural text decoding
+    algorithm that directly controls perplexity"), as llama.cpp's samplers compute it: ``mu``, the
+    most surprise (in bits) a token may carry, starts at 2 tau; after each token x drawn from the
+    distribution d it gave, ``mu -= eta * (-log2 d(x) - tau)``. So the distribution at a position
+    depends on the tokens before it and on the rows they were drawn from: a verified trie's
+    walk carries one state down the path it takes (engine/target.py).
+
+    Version 2 keeps the tokens whose surprise is at most mu; version 1 keeps the k best, k from
+    mu and the Zipf exponent estimated from the ``MIROSTAT_M`` best tokens. Both renormalize. The
+    logits are divided by the temperature first (``SamplingConfig.temperature``)."""
+
+    cfg: SamplingConfig
+    mu: float
+
+    @staticmethod
+    def start(cfg: SamplingConfig) -> Optional["Mirostat"]:
+        """The state a text starts with, None when ``cfg`` samples without mirostat."""
+        return Mirostat(cfg, 2.0 * cfg.mirostat_tau) if cfg.mirostat and not cfg.greedy else None
+
+    def distribution(self, logits: np.ndarray) -> Distribution:
+        """The distribution mirostat draws the next token from, at the present ``mu``."""
+        x = logits.astype(np.float64) / self.cfg.temperature
+        peak = x.max()
+        if self.cfg.mirostat == 2:  # surprise -log2 p <= mu  <=>  x >= peak + log z - mu ln 2
+            log_z = peak + math.log(np.exp(x - peak).sum())
+            ids = np.flatnonzero(x >= log_z - self.mu * math.log(2))
+            if not len(ids):
+                ids = np.array([int(np.argmax(x))])
+        else:
+            k = self._k(x)
+            ids = np.argpartition(-x, k - 1)[:k] if k < len(x) else np.arange(len(x))
+        weights = np.exp(x[ids] - x[ids].max())
+        return Distribution(ids.astype(np.int64), weights / weights.sum())
+
+    def _k(self, x: np.ndarray) -> int:
+        """Version 1's k: from the exponent s of a Zipf law fitted to the best tokens' log-ratios
+        (``b_i = log p_i / p_i+1`` against ``t_i = log (i+2) / (i+1)``) and mu."""
+        n = len(x)
+        m = min(MIROSTAT_M, n)
+        best = np.sort(np.partition(x, n - m)[n - m:])[::-1]
+        i = np.arange(m - 1)
+        t = np.log((i + 2) / (i + 1))
+        s = float(np.dot(t, best[:-1] - best[1:]) / np.dot(t, t)) if m > 1 else 1.0
+        eps = s - 1
+        with np.errstate(all="ignore"):
+            k = (eps * 2.0 ** self.mu / (1 - float(n) ** -eps)) ** (1 / s) if s > 0 else math.inf
+        return max(int(k), 1) if math.isfinite(k) else n
+
+    def advance(self, dist: Distribution, token: int) -> None:
+        """``token`` was drawn from ``dist`` (this state's distribution at its position)."""
+        self.mu -= self.cfg.mirostat_eta * (-math.log2(dist.prob(token)) - self.cfg.mirostat_tau)
 
 
 def sample(dist: Distribution, rng: np.random.Generator) -> int:

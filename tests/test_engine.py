@@ -25,7 +25,7 @@ from llamaspec.engine.engine import Engine, Step
 from llamaspec.grammar import GrammarVocabulary
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
-from llamaspec.sampling import Uniforms, logprob_of, sample, shape, transform
+from llamaspec.sampling import Mirostat, Uniforms, logprob_of, sample, shape, transform
 from llamaspec.planning.speculator import Speculator
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, greedy_text, logits_of
@@ -400,6 +400,79 @@ def test_sampling_through_the_engine_is_exact(shaping):
     rest_obs, rest_exp = obs[~keep].sum(), exp[~keep].sum()
     stat = chisquare(np.append(obs[keep], rest_obs), np.append(exp[keep], rest_exp) * n / exp.sum())
     assert stat.pvalue > 1e-3
+
+
+@pytest.mark.parametrize("version, tau, eta", [(1, 2.5, 1.0), (2, 1.5, 0.5)])
+def test_mirostat_sampling_through_the_engine_is_exact(version, tau, eta):
+    """With mirostat the distribution at a position depends on the surprise of every token drawn
+    before it (mu): the first two tokens after the first are distributed as plain mirostat
+    sampling gives them, mu carried down each verified path, with a sampled draft and lookup
+    candidates verified together."""
+    prompt = [3, 5, 7, 3, 5, 8, 3, 5]
+    sampling = SamplingConfig(temperature=1.0, mirostat=version, mirostat_tau=tau, mirostat_eta=eta)
+    n = 6000
+    counts = second_and_third_tokens(lambda seed: prompt, sampling, n)
+
+    def tree(text, state, weight, depth):  # (x1, x2) -> probability, each branch with its own mu
+        dist = state.distribution(logits_of(text, sharp=False))
+        for x, px in zip(dist.ids.tolist(), dist.probs):
+            after = Mirostat(sampling, state.mu)
+            after.advance(dist, x)
+            if depth == 2:
+                expected[tuple(text[len(prompt) + 1:] + [x])] += weight * px
+            else:
+                tree(text + [x], after, weight * px, depth + 1)
+    expected = collections.Counter()
+    tree(list(prompt), Mirostat.start(sampling), 1.0, 0)
+    sizes = {len(Mirostat(sampling, mu).distribution(logits_of(prompt, sharp=False)).ids) for mu in (1.0, 3.0, 6.0)}
+    assert len(sizes) == 3  # mu decides what is kept: a text's surprise so far changes the next distribution
+    pairs = list(itertools.product(range(V), repeat=2))
+    exp = np.array([expected[pq] * n for pq in pairs])
+    obs = np.array([counts[pq] for pq in pairs])
+    assert obs[exp == 0].sum() == 0  # nothing mirostat cut off
+    keep = exp >= 5
+    rest = [] if exp[~keep].sum() == 0 else [exp[~keep].sum()]
+    stat = chisquare(np.append(obs[keep], [obs[~keep].sum()] * len(rest)), np.append(exp[keep], rest) * n / exp.sum())
+    assert stat.pvalue > 1e-3 and keep.sum() > 8
+
+
+def test_a_logits_processor_and_a_stopping_criterion_are_asked_as_plain_decoding_asks_them():
+    """llama-cpp-python's callbacks see, once per emitted token and in the text's order, the text
+    before it (and its row: to process, or raw for the criterion), whatever was verified: the
+    text is the processed target's, and it stops before the token the criterion names. (Within
+    a step the processor reads the step's rows before the criterion is asked of its tokens, so a
+    step that stops may have processed a row or two past the stop.)"""
+    prompt = copying_prompt()
+
+    def run(sources):
+        seen = []
+
+        def processor(input_ids, scores):
+            seen.append(("p", tuple(input_ids.tolist())))
+            scores = scores.copy()
+            scores[4] += 9.0  # a token the raw target seldom takes
+            return scores
+
+        def criterion(input_ids, logits):
+            seen.append(("s", tuple(input_ids.tolist())))
+            return len(input_ids) - len(prompt) == 30  # stop before the 31st token
+        _, result = generate(engine(sources)[0], prompt, max_tokens=60, temperature=0, logits_processor=[processor],
+                             stopping_criteria=criterion)
+        return result, seen
+    plain, seen = run([])
+    spec, spec_seen = run([LookupSource(), Oracle(k=6)])
+    spec_processed, spec_asked = ([x for kind, x in spec_seen if kind == c] for c in "ps")
+    text = list(prompt)
+    for _ in range(30):
+        row = logits_of(text).copy()
+        row[4] += 9.0
+        text.append(int(row.argmax()))
+    assert spec.tokens == plain.tokens == text[len(prompt):] and spec.stop_reason == plain.stop_reason == "stop"
+    assert 4 in plain.tokens and plain.tokens != greedy_text(prompt, 30)  # the processor changed the text
+    processed, asked = ([x for kind, x in seen if kind == c] for c in "ps")
+    assert processed == asked and len(asked) == 31
+    assert spec_processed[:31] == processed and spec_asked == asked  # each in the text's order
+    assert spec.stats.n_accept > 0
 
 
 def test_a_seed_gives_plain_sampling_s_text_whatever_deterministic_candidates_were_verified():

@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 
 from llamaspec.cli import cli
 from llamaspec.config import SamplingConfig
-from llamaspec.engine.engine import walk
+from llamaspec.engine.target import Target, walk
 from llamaspec.errors import GrammarError
 from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary
 from llamaspec.planning.costs import CostCurve
@@ -107,16 +107,16 @@ def test_a_trie_whose_branches_are_in_different_grammar_states_keeps_them_apart(
     rows[node[(a, b, c)], e] = 9
     rows[node[(a, b, c)], EOS] = 5
     constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
-    path, token = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5, constraint)
+    path, token, _ = walk(trie, rows, Target(GREEDY, constraint), np.random.default_rng(0), lambda depth: 0.5)
     assert [trie.token[v] for v in path] == [a, b, c] and token == EOS
-    unconstrained, _ = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5)
+    unconstrained, _, _ = walk(trie, rows, Target(GREEDY), np.random.default_rng(0), lambda depth: 0.5)
     assert [trie.token[v] for v in unconstrained] == [a, b]  # without the grammar: e after a b
     # the other branch: after "a d" only e, though the row favours c
     rows[node[(a,)], d] = 7
     rows[node[(a, d)], c] = 9
     rows[node[(a, d)], e] = 5
     constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
-    path, token = walk(trie, rows, GREEDY, np.random.default_rng(0), lambda depth: 0.5, constraint)
+    path, token, _ = walk(trie, rows, Target(GREEDY, constraint), np.random.default_rng(0), lambda depth: 0.5)
     assert [trie.token[v] for v in path] == [a, d, e] and token == e and constraint.valid([e]) == 1
 
 

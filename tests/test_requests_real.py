@@ -12,7 +12,9 @@ import json
 import numpy as np
 import pytest
 
+from llamaspec.config import SamplingConfig
 from llamaspec.errors import ConfigError
+from llamaspec.sampling import Mirostat, Uniforms, sample_at
 
 from conftest import QWEN, THREADS, PROMPTS, assert_one_line_error, run
 from test_greedy_real import NEAR_TIE
@@ -72,6 +74,79 @@ def test_penalties_and_biases_through_the_python_surfaces(qwen_auto, qwen_plain)
     assert ours["choices"][0]["text"] == plain.text and 11 not in plain.tokens
     with pytest.raises(ConfigError, match="logit_bias names token 999999, which is not in the vocabulary"):
         qwen_auto.create_completion("hi", logit_bias={"999999": 1.0})
+
+
+def first_difference(ours, theirs) -> int:
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+
+
+def assert_mirostat_as_alone(ref, prompt, tokens, expected, sampling: SamplingConfig, seed: int) -> None:
+    """``tokens`` equal ``expected`` (sampled alone with ``seed``), or leave them first where the
+    position's number falls within 0.02 of the edge between the two tokens in mirostat's
+    distribution there (mu replayed along ``expected`` on one-token-at-a-time rows)."""
+    first = first_difference(tokens, expected)
+    if first == len(expected):
+        assert tokens == expected
+        return
+    state = Mirostat.start(sampling)
+    for j in range(first):
+        state.advance(state.distribution(ref.row_after(prompt, expected[:j])), expected[j])
+    dist = state.distribution(ref.row_after(prompt, expected[:first]))
+    u = Uniforms(seed)(len(prompt) + first)
+    near = {sample_at(dist, float(np.clip(u + d, 0, 1 - 1e-9))) for d in np.linspace(-0.02, 0.02, 41)}
+    assert {tokens[first], expected[first]} <= near, f"token {first}: {tokens[first]} against {expected[first]}"
+
+
+def assert_greedy_as(tokens, plain) -> int:
+    """``tokens`` equal ``plain``'s (a greedy run with logprobs=2), or leave them first where
+    plain's two best tokens nearly tie; how many agree."""
+    first = first_difference(tokens, plain.tokens)
+    if first < len(plain.tokens):
+        (_, best), (_, second) = plain.logprobs[first].top
+        assert best - second < NEAR_TIE, f"token {first}: {tokens[first]} against {plain.tokens[first]}"
+    return first
+
+
+def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_decoding_s(qwen_plain, module_spec,
+                                                                                          reference):
+    """On the copy-heavy edit, lookup verified every step: mirostat 2 (mu carried down each
+    verified path) samples with a seed what plain decoding samples; a logits processor that bans
+    a token gives the text a logit bias banning it gives; a stopping criterion ends the text
+    before the token it names, with finish reason "stop". (Each up to near-ties: a row of a
+    verify batch is not bit for bit the row computed alone.)"""
+    lookup = module_spec(QWEN, spec="lookup", fixed=("lookup",))
+    prompt = lookup.tokenize(PROMPTS[2])
+    sampled = dict(max_tokens=48, temperature=1.0, seed=5, mirostat=2, mirostat_tau=3.0)
+    ours = lookup.generate(PROMPTS[2], **sampled)
+    plain = qwen_plain.generate(PROMPTS[2], **sampled)
+    assert ours.stats.n_accept > 8
+    assert_mirostat_as_alone(reference(QWEN), prompt, ours.tokens, plain.tokens,
+                             SamplingConfig(temperature=1.0, mirostat=2, mirostat_tau=3.0), 5)
+    # llama-cpp-python's arguments: no temperature before mirostat (0.8 only says "sample")
+    surface = qwen_plain.create_completion(PROMPTS[2], max_tokens=48, temperature=0.8, seed=5, mirostat_mode=2,
+                                           mirostat_tau=3.0)
+    assert surface["choices"][0]["text"] == plain.text
+    story = dict(max_tokens=32, temperature=0.8, seed=5)  # a text with many choices: mirostat changes them
+    assert (qwen_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)["choices"][0]
+            ["text"] != qwen_plain.create_completion("Once upon a time", **story)["choices"][0]["text"])
+
+    def ban(input_ids, scores):
+        scores[11] = -np.inf  # ","
+        return scores
+    banned = lookup.generate(PROMPTS[0], max_tokens=24, temperature=0, logits_processor=[ban])
+    biased = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0, logit_bias={11: float("-inf")}, logprobs=2)
+    unbanned = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0)
+    changed = first_difference(biased.tokens, unbanned.tokens)
+    assert 11 in unbanned.tokens and 11 not in banned.tokens and assert_greedy_as(banned.tokens, biased) > changed
+    n = len(prompt)
+
+    def twelve(input_ids, logits):
+        return len(input_ids) >= n + 12
+    cut = lookup.generate(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=twelve)
+    assert cut.stop_reason == "stop" and len(cut.tokens) == 12
+    assert_greedy_as(cut.tokens, qwen_plain.generate(PROMPTS[2], max_tokens=12, temperature=0, logprobs=2))
+    served = lookup.create_completion(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=[twelve])
+    assert served["choices"][0]["finish_reason"] == "stop" and served["usage"]["completion_tokens"] == 12
 
 
 def assert_body(middle: str) -> None:
@@ -139,9 +214,8 @@ def test_nothing_to_generate_ends_at_once(qwen_auto):
 
 @pytest.mark.parametrize("arguments, fragment", [
     ({"echo": True, "logprobs": 1, "suffix": "x"}, "echo with logprobs and a suffix"),
-    ({"mirostat_mode": 2}, "mirostat_mode is not supported"),
-    ({"tfs_z": 0.5}, "tfs_z is not supported"),
-    ({"logits_processor": [print]}, "logits_processor is not supported"),
+    ({"logits_processor": [3]}, "logits_processor is a function of \\(input_ids, logits\\) or a list of them"),
+    ({"mirostat_mode": 3}, "mirostat is 0 \\(off\\), 1 or 2"),
     ({"repeat_penalty": 0.0}, "repeat penalty must be a finite number > 0"),
     ({"logprobs": 21}, "log-probabilities are asked for the 0 to 20"),
     ({"suffix": "x", "prompt": [1, 2]}, "suffix needs a text prompt"),
@@ -157,7 +231,7 @@ def test_a_model_without_fim_tokens_says_so(smol_plain):
         smol_plain.create_completion("def f():", suffix="\n")
 
 
-def test_the_cli_takes_llama_cpp_s_penalty_flags(qwen_plain, model_file):
+def test_the_cli_takes_llama_cpp_s_penalty_and_mirostat_flags(qwen_plain, model_file):
     flags = ["--repeat-penalty", "1.3", "--repeat-last-n", "32", "--presence-penalty", "0.2", "--frequency-penalty",
              "0.1", "-l", "11-inf"]
     out = run("generate", "-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "--temp",
@@ -166,8 +240,16 @@ def test_the_cli_takes_llama_cpp_s_penalty_flags(qwen_plain, model_file):
     plain = qwen_plain.generate(PROMPTS[1], max_tokens=24, temperature=0, repeat_penalty=1.3, penalty_last_n=32,
                                 presence_penalty=0.2, frequency_penalty=0.1, logit_bias={11: float("-inf")})
     assert json.loads(out.stdout)["text"] == plain.text
+    flags = ["--temp", "0.7", "--seed", "4", "--mirostat", "1", "--mirostat-ent", "3", "--mirostat-lr", "0.2"]
+    out = run("generate", "-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "-n", "24",
+              "--json", "-p", PROMPTS[0], *flags)
+    assert out.exit_code == 0, out.stderr
+    plain = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0.7, seed=4, mirostat=1, mirostat_tau=3.0,
+                                mirostat_eta=0.2)
+    assert json.loads(out.stdout)["text"] == plain.text
     assert_one_line_error(run("generate", "-m", str(model_file(QWEN)), "-p", "hi", "-l", "11x"),
                           "--logit-bias takes TOKEN_ID(+/-)BIAS")
+    assert_one_line_error(run("generate", "-m", str(model_file(QWEN)), "-p", "hi", "--mirostat", "3"), "--mirostat")
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +272,9 @@ def test_the_server_serves_fim_logprobs_and_penalties(qwen_server):
                                           presence_penalty=0.5, extra_body={"repeat_penalty": 1.2,
                                                                             "logit_bias": {"11": -100}})
     assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 3
+    story = client.completions.create(model="x", prompt="Once upon a time", max_tokens=8, temperature=0.8, seed=3,
+                                      extra_body={"mirostat": 2, "mirostat_tau": 4.0, "tfs_z": 0.9})
+    assert story.choices[0].text and story.choices[0].finish_reason == "length"
     scored = client.completions.create(model="x", prompt="The capital of France is", max_tokens=2, temperature=0,
                                        echo=True, logprobs=1)
     lp = scored.choices[0].logprobs

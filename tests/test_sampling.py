@@ -6,7 +6,7 @@ from scipy.stats import chisquare
 
 from llamaspec.config import SamplingConfig
 from llamaspec.errors import ConfigError
-from llamaspec.sampling import Distribution, sample, shape, transform
+from llamaspec.sampling import Distribution, Mirostat, sample, shape, transform
 
 
 def cfg(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **shaping):
@@ -262,3 +262,63 @@ def test_greedy_with_typical_p_takes_the_best_token_typical_p_keeps(seed):
     greedy = transform(logits, cfg(temperature=0, typical_p=0.2))
     assert greedy.ids.tolist() == [max(ids.tolist(), key=lambda t: logits[t])]
     assert 7 not in ids.tolist() and int(np.argmax(logits)) == 7
+
+
+# --- mirostat, against llama.cpp's own samplers ----------------------------------------------
+
+
+def llama_cpp_mirostat(rows, c, seed):
+    """For each row in turn, llama.cpp's temperature then mirostat sampler (one chain, so mu goes
+    on from row to row): the tokens it kept with their probabilities, and the token it drew."""
+    lc = pytest.importorskip("llama_cpp.llama_cpp")
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    out = []
+    try:
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(c.temperature))
+        n = rows.shape[1]
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_mirostat(n, seed, c.mirostat_tau, c.mirostat_eta, 100)
+                                   if c.mirostat == 1 else
+                                   lc.llama_sampler_init_mirostat_v2(seed, c.mirostat_tau, c.mirostat_eta))
+        for logits in rows:
+            data = (lc.llama_token_data * n)()
+            for i, x in enumerate(logits):
+                data[i].id, data[i].logit, data[i].p = i, float(x), 0.0
+            cur = lc.llama_token_data_array(data=ctypes.cast(data, lc.llama_token_data_p), size=n, selected=-1,
+                                            sorted=False)
+            lc.llama_sampler_apply(chain, ctypes.byref(cur))
+            kept = {cur.data[i].id: cur.data[i].p for i in range(cur.size)}
+            token = cur.data[cur.selected].id
+            lc.llama_sampler_accept(chain, token)
+            out.append((kept, token))
+    finally:
+        lc.llama_sampler_free(chain)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("c", [cfg(temperature=1.0, mirostat=2), cfg(temperature=0.7, mirostat=2, mirostat_tau=3.0),
+                               cfg(temperature=1.0, mirostat=1), cfg(temperature=1.5, mirostat=1, mirostat_tau=4.0,
+                                                                    mirostat_eta=0.3)],
+                         ids=["v2", "v2-T0.7-tau3", "v1", "v1-T1.5-tau4-eta0.3"])
+def test_mirostat_matches_llama_cpp_along_a_text(c, seed):
+    """The tokens kept and their probabilities at every position of a 40-token text, mu carried
+    from each drawn token to the next position as llama.cpp's sampler carries it."""
+    rng = np.random.default_rng(seed)
+    rows = (rng.normal(size=(40, 3000)) * rng.uniform(1.5, 4, size=(40, 1))).astype(np.float32)
+    state = Mirostat.start(c)
+    sizes = set()
+    for logits, (kept, token) in zip(rows, llama_cpp_mirostat(rows, c, seed)):
+        dist = state.distribution(logits)
+        assert as_dict(dist).keys() == kept.keys()
+        assert all(abs(p - kept[t]) < 1e-5 for t, p in as_dict(dist).items())
+        state.advance(dist, token)
+        sizes.add(len(kept))
+    assert len(sizes) > 5  # mu moved, and the kept sets with it
+
+
+def test_mirostat_needs_a_temperature_and_a_version():
+    assert Mirostat.start(cfg(temperature=0, mirostat=2)) is None  # greedy: the best token, as llama.cpp's temp 0
+    assert Mirostat.start(cfg(temperature=1.0)) is None
+    assert Mirostat.start(cfg(temperature=1.0, mirostat=1, mirostat_tau=3.0)).mu == 6.0
+    with pytest.raises(ConfigError, match="mirostat is 0 \\(off\\), 1 or 2"):
+        SamplingConfig(mirostat=3)

@@ -363,9 +363,9 @@ BAD = [
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": [10**9]}, "not in the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 2, "echo": True, "suffix": "x"}, "echo with logprobs and a suffix"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "mirostat": 2},
-     "mirostat_mode is not supported"),
-    ("/v1/completions", {"prompt": "hi", "tfs_z": 0.9}, "tfs_z is not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "mirostat": 3}, "mirostat"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]},
+     "functions is not supported (OpenAI deprecated it): send tools"),
     ("/v1/completions", {"prompt": "hi", "suffix": "x"}, "has no fill-in-the-middle tokens"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999999": 1}}, "not in the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "repeat_penalty": 0}, "repeat_penalty: Input should be greater than 0"),
@@ -408,32 +408,36 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
 
 def test_tools_through_the_openai_client(model_file):
     """Qwen2.5 (its template renders tools): the call parsed by the client, whole and streamed,
-    and the follow-up with the call and its result."""
+    with tool_choice "auto", "required" and a named function, and the follow-up with the call
+    and its result."""
     qwen = Server("-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none")
     try:
         client = qwen.client()
         ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-        reply = client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice="required",
-                                               temperature=0, max_tokens=60)
-        choice = reply.choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        [call] = choice.message.tool_calls
-        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, WEATHER["function"]["parameters"])
-        calls, reasons = {}, []
-        for chunk in client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice="required",
-                                                    temperature=0, max_tokens=60, stream=True):
-            delta = chunk.choices[0].delta
-            assert not delta.content
-            for part in delta.tool_calls or []:
-                got = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
-                got["id"] = got["id"] or part.id
-                got["name"] += part.function.name or ""
-                got["arguments"] += part.function.arguments or ""
-            reasons.append(chunk.choices[0].finish_reason)
-        assert reasons[-1] == "tool_calls" and calls[0]["id"].startswith("call_")
-        assert list(calls) == [0] and (calls[0]["name"], json.loads(calls[0]["arguments"])) == ("get_weather", arguments)
+        for tool_choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+            reply = client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice=tool_choice,
+                                                   temperature=0, max_tokens=60)
+            choice = reply.choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None, tool_choice
+            [call] = choice.message.tool_calls
+            assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+            arguments = json.loads(call.function.arguments)
+            jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+            calls, reasons = {}, []
+            for chunk in client.chat.completions.create(model="x", messages=ask, tools=[WEATHER],
+                                                        tool_choice=tool_choice, temperature=0, max_tokens=60,
+                                                        stream=True):
+                delta = chunk.choices[0].delta
+                assert not delta.content
+                for part in delta.tool_calls or []:
+                    got = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+                    got["id"] = got["id"] or part.id
+                    got["name"] += part.function.name or ""
+                    got["arguments"] += part.function.arguments or ""
+                reasons.append(chunk.choices[0].finish_reason)
+            assert reasons[-1] == "tool_calls" and calls[0]["id"].startswith("call_")
+            assert list(calls) == [0]
+            assert (calls[0]["name"], json.loads(calls[0]["arguments"])) == ("get_weather", arguments)
         result = {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}
         follow = client.chat.completions.create(model="x", messages=[*ask, choice.message.model_dump(), result],
                                                 temperature=0, max_tokens=40)

@@ -1,6 +1,7 @@
 """Verification and generation: the target's decodes, exact acceptance, stops, many texts at once.
 
     acceptance.py  the acceptance rules: the target's choice down a trie, greedy or sampled (exact)
+    target.py      what a lane's target chooses from a row, and the walk that carries its state
     engine.py      the verify loop over lanes: every live lane's rows (one text: one lane) in one
                    llama_decode per step, one place that rolls caches back
     text.py        text out of tokens: stop strings, what is safe to show

@@ -63,11 +63,11 @@ from ..llama.binding import Context
 from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
 from ..planning.speculator import Plan, Speculator
-from ..planning.trie import Layout, Trie
-from ..sampling import Distribution, TokenLogprob, logprob_of, recent, sample_at, shape, transform
+from ..planning.trie import Layout
+from ..sampling import TokenLogprob, logprob_of
 from ..sequences import common_prefix
 from ..sources.base import Outcome
-from .acceptance import walk_greedy, walk_sampled
+from .target import Processor, Target, walk
 
 # Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
 # delays them by a fraction of a second, not by its whole evaluation).
@@ -77,6 +77,9 @@ PREFILL_CHUNK = 64
 ECHO_CHUNK = 64
 
 Uniform = Callable[[int], float]
+# llama-cpp-python's stopping criterion: (the text's tokens before a new token, the raw row it was
+# drawn from) -> whether the text stops before that token.
+Criterion = Callable[[np.ndarray, np.ndarray], bool]
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class Step:
     for them (from the row it was chosen at, shaped as it was); ``asked``: whether the step
     asked the draft sources (see planning.gate); ``echoed``: on a text's first step, when asked
     for, each prompt token's log-probability after the first (from the raw row that read the
-    token before it).
+    token before it); ``halt``: where the lane's stopping criterion stopped the text (the index
+    of the first token not to emit), if it did.
     """
 
     tokens: List[int]
@@ -106,6 +110,7 @@ class Step:
     logprobs: Tuple[TokenLogprob, ...] = ()
     asked: bool = False
     echoed: Tuple[TokenLogprob, ...] = ()
+    halt: Optional[int] = None
 
     @property
     def n_accepted(self) -> int:
@@ -131,18 +136,27 @@ class Lane:
     state: str = "idle"
     group: List[int] = field(default_factory=list)  # the lanes that share this lane's prompt (the first reads it)
     speculator: Optional[Speculator] = None
-    sampling: SamplingConfig = SamplingConfig()
+    target: Target = field(default_factory=Target)  # how it chooses, and the state that carries
     rng: Optional[np.random.Generator] = None
     uniform: Optional[Uniform] = None
     left: int = 0
     limit: int = 0
-    constraint: Optional[Constraint] = None  # where its text is in its grammar, when it has one
+    stopping: Optional[Criterion] = None
     logprobs: Optional[int] = None  # None: none; k: each token's log-probability and the k best tokens'
     echoed: Optional[List[TokenLogprob]] = None  # the prompt's, gathered while it is read (echo)
 
     @property
     def live(self) -> bool:
         return self.state == "decoding" and self.left > 0 and len(self.tokens) <= self.limit
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.target.sampling
+
+    @property
+    def constraint(self) -> Optional[Constraint]:
+        """Where its text is in its grammar, when it has one."""
+        return self.target.constraint
 
 
 @dataclass(eq=False)
@@ -187,14 +201,17 @@ class Engine:
     def start(self, lanes: Sequence[int], prompt: Sequence[int], speculators: Sequence[Speculator],
               sampling: SamplingConfig, seeds: Sequence[Tuple[np.random.Generator, Uniform]], max_new: int,
               limit: int, constraints: Optional[Sequence[Optional[Constraint]]] = None,
-              logprobs: Optional[int] = None, echo: bool = False) -> int:
+              logprobs: Optional[int] = None, echo: bool = False, processor: Optional[Processor] = None,
+              stopping: Optional[Criterion] = None) -> int:
         """Start one sample of ``prompt`` on each of ``lanes`` (idle). The first lane reads what of the
         prompt its home does not hold yet; returns how many tokens that is. ``limit``: the
         positions each lane may use; ``seeds``: each lane's (acceptance rng, uniforms);
         ``constraints``: each lane's grammar state, where its text is constrained; ``logprobs``:
         the best tokens' log-probabilities each step reports with its tokens' (None: none);
         ``echo``: the prompt's tokens' too, reported by the first step (the whole prompt is read
-        again, with a row of logits per token)."""
+        again, with a row of logits per token); ``processor`` and ``stopping``: llama-cpp-python's
+        logits processor (every row the target chooses from goes through it first) and stopping
+        criterion (asked after each new token, ``Step.halt``)."""
         check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
         keep = 0 if echo else min(common_prefix(first.cached, prompt), len(prompt) - 1)
@@ -208,10 +225,10 @@ class Engine:
             lane.state = "prompt" if i == 0 else "waiting"
             lane.group = list(lanes)
             lane.speculator = speculators[i]
-            lane.sampling = sampling
+            lane.target = Target.start(sampling, constraints[i] if constraints is not None else None, processor)
             lane.rng, lane.uniform = seeds[i]
             lane.left, lane.limit = max_new, limit
-            lane.constraint = constraints[i] if constraints is not None else None
+            lane.stopping = stopping
             lane.logprobs = logprobs
             lane.echoed = [] if echo and i == 0 else None
         return len(prompt) - keep
@@ -345,15 +362,14 @@ class Engine:
                 ln.state = "decoding"
                 out.append((ln.home, Step([], echoed=echoed)))
                 continue
-            shaped = shape(row, ln.sampling, ln.tokens)
-            token = choose(shaped, ln.sampling, ln.constraint, lambda: ln.uniform(n))
-            if ln.constraint is not None:
-                ln.constraint.advance(token)
+            shaped = ln.target.row(row, ln.tokens)
+            token = ln.target.choose(shaped, lambda: ln.uniform(n))
             logprobs = (logprob_of(shaped, token, ln.logprobs),) if ln.logprobs is not None else ()
+            halt = halted(ln.stopping, ln.tokens, [token], [row])
             ln.tokens.append(token)
             ln.left -= 1
             ln.state = "decoding"
-            out.append((ln.home, Step([token], logprobs=logprobs, echoed=echoed)))
+            out.append((ln.home, Step([token], logprobs=logprobs, echoed=echoed, halt=halt)))
         return out
 
     def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]]) -> Step:
@@ -362,13 +378,11 @@ class Engine:
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
-        path, token = walk(trie, logits, ln.sampling, ln.rng, lambda depth: ln.uniform(n + depth), ln.constraint,
-                           ln.tokens)
+        path, token, rows = walk(trie, logits, ln.target, ln.rng, lambda depth: ln.uniform(n + depth), ln.tokens)
         accepted = [trie.token[v] for v in path]
-        before = recent(ln.tokens, ln.sampling)
         logprobs = () if ln.logprobs is None else tuple(
-            logprob_of(shape(logits[v], ln.sampling, before + accepted[:j]), x, ln.logprobs)
-            for j, (v, x) in enumerate(zip([0] + path, accepted + [token])))
+            logprob_of(row, x, ln.logprobs) for row, x in zip(rows, accepted + [token]))
+        halt = halted(ln.stopping, ln.tokens, accepted + [token], [logits[v] for v in [0] + path])
         ln.cached.append(ln.tokens[-1])  # the pending token's row is on the home sequence
         if path:
             keep = seqs[d.layout.seq[path[-1]]]
@@ -381,7 +395,7 @@ class Engine:
         ln.left -= len(accepted) + 1
         outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, d.t_plan)
         ln.speculator.learn(outcome)
-        return replace(step, logprobs=logprobs)
+        return replace(step, logprobs=logprobs, halt=halt)
 
     def _trim(self, lanes: Sequence[Lane]) -> None:
         # A lane's home, and its sources' caches (a draft model's sequence), must hold a prefix of
@@ -396,60 +410,17 @@ class Engine:
                 ctx.truncate(common_prefix(ctx.tokens, text))
 
 
-def target_argmax(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint]) -> int:
-    """The target's greedy token from its ``row``: among the tokens ``constraint`` allows, if any
-    (and typical-p keeps: it may drop the best one)."""
-    if sampling.typical_p < 1:
-        return int(target_distribution(row, sampling, constraint).ids[0])
-    return constraint.argmax(row) if constraint is not None else int(row.argmax())
-
-
-def target_distribution(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint]) -> Distribution:
-    """What the target samples from its ``row``: the sampler chain over the tokens ``constraint`` allows, if any."""
-    return transform(constraint.mask(row) if constraint is not None else row, sampling)
-
-
-def choose(row: np.ndarray, sampling: SamplingConfig, constraint: Optional[Constraint],
-           uniform: Callable[[], float]) -> int:
-    """The target's token from its ``row`` alone (no candidate): greedy, its argmax; sampling, a
-    draw at the position's ``uniform``; with a ``constraint``, among the tokens it allows."""
-    if sampling.greedy:
-        return target_argmax(row, sampling, constraint)
-    return sample_at(target_distribution(row, sampling, constraint), uniform())
-
-
-def walk(trie: Trie, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
-         uniform: Callable[[int], float], constraint: Optional[Constraint] = None,
-         text: Sequence[int] = ()) -> Tuple[List[int], int]:
-    """The target's choice down the trie, ``logits[v]`` its row after node v's path:
-    (accepted nodes, the target's next token).
-
-    With penalties or logit biases (``sampling.shaped``), every row is shaped by the text along
-    its own path: ``text`` (the lane's, up to the pending token) and the path's tokens to v.
-
-    With a ``constraint`` (the grammar's state after the text), every row is the constrained
-    target's at its node. The walk only ever goes down the child holding the target's token, so
-    one state follows it: it advances by each node's token as the walk enters the node, and by
-    the next token at the end. A branch the walk leaves is never looked at, so no state of one
-    branch reaches another, and a candidate token the grammar forbids is never the target's.
-    """
-    before = recent(text, sampling)  # not the whole text again for every row
-
-    def row(v: int) -> np.ndarray:
-        if constraint is not None and v:  # the walk entered v: its token is the text's
-            constraint.advance(trie.token[v])
-        if sampling.shaped:
-            return shape(logits[v], sampling, before + [trie.token[u] for u in trie.path(v)])
-        return logits[v]
-
-    if sampling.greedy:
-        path, token = walk_greedy(trie.children, lambda v: target_argmax(row(v), sampling, constraint))
-    else:
-        path, token = walk_sampled(trie.children, trie.q, lambda v: target_distribution(row(v), sampling, constraint),
-                                   rng, uniform)
-    if constraint is not None:
-        constraint.advance(token)
-    return path, token
+def halted(stopping: Optional[Criterion], text: Sequence[int], new: Sequence[int],
+           rows: Sequence[np.ndarray]) -> Optional[int]:
+    """Where ``stopping`` stops a text that gains the tokens ``new`` after ``text``, each drawn
+    from the raw row beside it: the index of the first new token it says not to emit, if any
+    (asked once per token, in order, as llama-cpp-python asks it)."""
+    if stopping is None:
+        return None
+    for j, row in enumerate(rows):
+        if stopping(np.array([*text, *new[:j]], dtype=np.intc), row):
+            return j
+    return None
 
 
 def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[Tuple[int, ...]],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -93,7 +93,10 @@ class Collector:
     def take(self, step: Step) -> "tuple[Chunk, int]":
         """The chunk of one step and how many of its tokens count (fewer when it stopped)."""
         piece, kept, taken = "", 0, []
-        for token in step.tokens:
+        for j, token in enumerate(step.tokens):
+            if j == step.halt:  # the caller's stopping criterion: this token is not the text's
+                self.stop_reason = "stop"
+                break
             kept += 1
             if token in self.vocab.eog_tokens:
                 self.stop_reason = "stop"
@@ -151,7 +154,10 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
                 seed: Optional[int] = None, grammar: Any = None, json_schema: Any = None,
                 repeat_penalty: float = _SAMPLING.repeat_penalty, frequency_penalty: float = _SAMPLING.frequency_penalty,
                 presence_penalty: float = _SAMPLING.presence_penalty, penalty_last_n: int = _SAMPLING.penalty_last_n,
-                logit_bias: Any = None, logprobs: Optional[int] = None, echo: bool = False) -> GenerationConfig:
+                logit_bias: Any = None, logprobs: Optional[int] = None, echo: bool = False,
+                mirostat: int = _SAMPLING.mirostat, mirostat_tau: float = _SAMPLING.mirostat_tau,
+                mirostat_eta: float = _SAMPLING.mirostat_eta, logits_processor: Any = None,
+                stopping_criteria: Any = None) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
     ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
     ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
@@ -160,19 +166,47 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
     Penalties and ``logit_bias`` (a mapping of token ids, or their decimal text as OpenAI sends
     them, to biases; or (token, bias) pairs): see SamplingConfig. ``logprobs``: None, or the
     number of most probable tokens whose log-probabilities come with each token's; ``echo``: the
-    prompt's tokens' too (the result's ``prompt_logprobs``)."""
+    prompt's tokens' too (the result's ``prompt_logprobs``). ``mirostat`` (1 or 2), its
+    ``mirostat_tau`` and ``mirostat_eta``: llama.cpp's mirostat sampler after the temperature (see
+    SamplingConfig). ``logits_processor`` and ``stopping_criteria``: llama-cpp-python's, a
+    function of (the text's tokens, a row of logits) or a list of them (applied in turn; any
+    criterion stops the text)."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     max_tokens = -1 if max_tokens is None else max_tokens
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                               seed=None if seed == -1 else seed, repeat_penalty=repeat_penalty,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                              penalty_last_n=penalty_last_n, logit_bias=biases(logit_bias))
+                              penalty_last_n=penalty_last_n, logit_bias=biases(logit_bias), mirostat=mirostat,
+                              mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
     if grammar is not None and json_schema is not None:
         raise ConfigError("give a grammar or a JSON schema, not both")
     rules = Grammar.of(grammar) if grammar is not None else (
         Grammar.json_schema(json_schema) if json_schema is not None else None)
     return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs,
-                            echo=echo)
+                            echo=echo, logits_processor=_callbacks(logits_processor, "logits_processor", _chained),
+                            stopping_criteria=_callbacks(stopping_criteria, "stopping_criteria", _any))
+
+
+def _callbacks(value: Any, name: str, join: Callable[[Sequence[Callable]], Callable]) -> Optional[Callable]:
+    """llama-cpp-python's callbacks as one function: a callable itself (its LogitsProcessorList
+    and StoppingCriteriaList are), or a list of them joined by ``join``; ConfigError otherwise."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, (list, tuple)) and all(callable(f) for f in value):
+        return join(list(value))
+    raise ConfigError(f"{name} is a function of (input_ids, logits) or a list of them, got {value!r}")
+
+
+def _chained(processors: Sequence[Callable]) -> Callable:
+    def process(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        for processor in processors:
+            scores = processor(input_ids, scores)
+        return scores
+    return process
+
+
+def _any(criteria: Sequence[Callable]) -> Callable:
+    return lambda input_ids, logits: any([criterion(input_ids, logits) for criterion in criteria])
 
 
 def biases(value: Any) -> Tuple[Tuple[int, float], ...]:

@@ -306,7 +306,8 @@ class Scheduler:
             speculators = self._speculators(request, lanes, siblings, constraints)
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit,
-                                       constraints, config.logprobs, config.echo)
+                                       constraints, config.logprobs, config.echo, config.logits_processor,
+                                       config.stopping_criteria)
         except Exception as e:  # a prompt that does not fit, a cache file gone: this request ends, the others go on
             request.error = e
             self._cancel_waiting(request)

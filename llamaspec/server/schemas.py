@@ -1,8 +1,8 @@
 """The request bodies of the OpenAI endpoints, as pydantic models: what each field may hold.
 
-Fields OpenAI clients send that llamaspec cannot honour are accepted as data and refused with a
-clear 400 by ``completions.refuse`` when set to anything but their neutral value; unknown fields
-are ignored.
+Fields OpenAI clients send that llamaspec does not serve (the deprecated ``functions``) are
+accepted as data and refused with a clear 400 by ``completions.refuse``; unknown fields are
+ignored, and so is ``tfs_z``, as llama-cpp-python's server ignores it.
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ class Sampling(BaseModel):
     response_format: Optional[Dict[str, Any]] = None
     grammar: Optional[str] = None
     json_schema: Optional[Dict[str, Any]] = None
-    # samplers llamaspec does not verify: read so that a request setting them gets a 400, not silence
-    mirostat: int = 0  # llama-server's name
-    mirostat_mode: int = 0  # llama-cpp-python's
-    tfs_z: float = 1.0
+    # mirostat as llama-cpp-python's server samples with it (no temperature before it)
+    mirostat: int = Field(_S.mirostat, ge=0, le=2)  # llama-server's name
+    mirostat_mode: int = Field(_S.mirostat, ge=0, le=2)  # llama-cpp-python's
+    mirostat_tau: float = _S.mirostat_tau
+    mirostat_eta: float = _S.mirostat_eta
 
     def sampling(self) -> Dict[str, Any]:
         """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
@@ -93,7 +94,8 @@ class Sampling(BaseModel):
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "logit_bias": self.logit_bias, "model": self.model,
                 "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema,
-                "mirostat_mode": self.mirostat_mode or self.mirostat, "tfs_z": self.tfs_z}
+                "mirostat_mode": self.mirostat_mode or self.mirostat, "mirostat_tau": self.mirostat_tau,
+                "mirostat_eta": self.mirostat_eta}
 
 
 class ChatRequest(Sampling):
@@ -102,14 +104,16 @@ class ChatRequest(Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
+    functions: Optional[List[Any]] = None  # OpenAI's deprecated form of tools: refused by name
+    function_call: Optional[Any] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def arguments(self) -> Dict[str, Any]:
         return {**self.sampling(), "messages": [m.message() for m in self.messages],
                 "max_tokens": self.max_completion_tokens or self.max_tokens, "tools": self.tools,
-                "tool_choice": self.tool_choice, "logprobs": self.logprobs,
-                "top_logprobs": self.top_logprobs}
+                "tool_choice": self.tool_choice, "functions": self.functions, "function_call": self.function_call,
+                "logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
 
 
 class ExtraFile(BaseModel):
