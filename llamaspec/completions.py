@@ -14,8 +14,8 @@ again with a row of logits per token). ``tools`` and ``tool_choice`` are OpenAI'
 chat template, calls come back as ``tool_calls``. ``mirostat_mode`` samples with mirostat as
 llama-cpp-python does (``mirostat``); ``logits_processor`` and ``stopping_criteria`` are asked once
 per generated token, as plain decoding asks them; ``tfs_z`` is accepted and does nothing, as in
-llama-cpp-python (llama.cpp no longer has tail-free sampling). Refused with a ConfigError naming
-them: the deprecated ``functions`` and ``function_call``. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
+llama-cpp-python (llama.cpp no longer has tail-free sampling). OpenAI's deprecated ``functions``
+and ``function_call`` are tools in an older shape. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
 samples decoded together; with a ``batcher`` (LlamaSpec.batcher) a request is decoded beside the
 batcher's other requests.
 """
@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, GrammarError
 from .grammar import Grammar
-from .tools import CallReader, Tools, grammar_with, read as read_calls, template_tools, with_calls
+from .tools import (CallReader, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
+                    read as read_calls, template_tools, with_calls)
 from .engine.generation import Chunk, Result
 from .engine.scheduler import RequestStream, Stream, aggregate
 from .engine.stats import Stats
@@ -202,8 +203,15 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     ``trim`` leaves its oldest turns out. ``response_format``, ``grammar`` and ``json_schema``
     (llama-server's field) constrain the reply (see ``requested_grammar``). ``tools`` and
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
-    reason "tool_calls". ``abandoned``: as in create_completion."""
-    refuse(functions=functions is not None, function_call=function_call is not None)
+    reason "tool_calls"; with OpenAI's deprecated ``functions`` and ``function_call`` instead, the
+    same calls in their older shapes (``function_call``, finish reason "function_call"; see
+    tools.legacy_tools). ``abandoned``: as in create_completion."""
+    legacy = functions is not None or function_call is not None
+    if legacy:
+        if tools is not None or tool_choice is not None:
+            raise ConfigError("give tools and tool_choice, or the deprecated functions and function_call, not both")
+        tools, tool_choice = legacy_tools(functions, function_call)
+    messages = legacy_messages(messages)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
     called = Tools.of(tools, tool_choice)
@@ -220,13 +228,15 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     names = called.names if called is not None and called.calls else None  # None: the reply is plain text
     events = _start(spec, batcher, tokens, n, opts)
     if stream:
-        return _chat_chunks(spec, events, n, head, abandoned, names)
+        chunks = _chat_chunks(spec, events, n, head, abandoned, names)
+        return legacy_chunks(chunks) if legacy else chunks
     results = _results(events, n, abandoned)
     replies = [_reply(r.text, names) for r in results]
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": i, "message": replies[i], "logprobs": _chat_logprobs(spec, r.logprobs),
-                         "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
-                        for i, r in enumerate(results)], **_totals(results)}
+    response = {**head, "object": "chat.completion",
+                "choices": [{"index": i, "message": replies[i], "logprobs": _chat_logprobs(spec, r.logprobs),
+                             "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
+                            for i, r in enumerate(results)], **_totals(results)}
+    return legacy_reply(response) if legacy else response
 
 
 def _reply(text: str, names: Optional[List[str]]) -> Response:
@@ -440,13 +450,6 @@ def _response_format(value: Any) -> Optional[Grammar]:
             raise GrammarError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}')
         return Grammar.json_schema(schema)
     raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
-
-
-def refuse(**unsupported: bool) -> None:
-    """ConfigError naming the first argument set that llamaspec does not support."""
-    for name, is_set in unsupported.items():
-        if is_set:
-            raise ConfigError(f"{name} is not supported (OpenAI deprecated it): send tools and tool_choice")
 
 
 def finish_reason(result: Result) -> str:

@@ -30,7 +30,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .grammar import Grammar
@@ -345,3 +345,86 @@ def read(text: str, names: Sequence[str]) -> Tuple[Optional[str], List[Call]]:
     events = reader.feed(text) + reader.finish()
     content = "".join(e[1] for e in events if e[0] == "content")
     return content or None, [e[1] for e in events if e[0] == "call"]
+
+
+# --- OpenAI's deprecated functions: the same calls in the older shapes --------------------------
+
+
+def legacy_tools(functions: Any, function_call: Any) -> Tuple[Any, Any]:
+    """OpenAI's deprecated ``functions`` and ``function_call`` as (tools, tool_choice): each
+    function a tool; ``function_call`` "auto", "none" or ``{"name": ...}`` the choice."""
+    if functions is not None and not isinstance(functions, (list, tuple)):
+        raise ConfigError(f"functions is a list of {{\"name\": ..., \"parameters\": {{...}}}}, "
+                          f"got {type(functions).__name__}")
+    tools = [{"type": "function", "function": f} for f in functions or ()]
+    choice = function_call
+    if isinstance(function_call, dict):
+        choice = {"type": "function", "function": function_call}
+    elif function_call not in (None, "auto", "none"):
+        raise ConfigError(f"function_call is \"auto\", \"none\" or {{\"name\": ...}}, got {_shown(function_call)}")
+    return tools or None, choice
+
+
+def legacy_messages(messages: Sequence[Any]) -> List[Any]:
+    """``messages`` with the deprecated shapes in today's: an assistant message's
+    ``function_call`` a call in ``tool_calls``, a ``function`` message (its ``name`` and
+    ``content``) a tool result."""
+    return [_legacy_message(m, i) for i, m in enumerate(messages)]
+
+
+def _legacy_message(message: Any, i: int) -> Any:
+    if not isinstance(message, dict):
+        return message
+    if message.get("role") == "function":
+        return {"role": "tool", "name": message.get("name"), "content": message.get("content"),
+                "tool_call_id": f"call_{i}"}
+    if message.get("function_call") is not None:
+        out = {k: v for k, v in message.items() if k != "function_call"}
+        out["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": message["function_call"]}]
+        return out
+    return message
+
+
+def legacy_reply(response: Dict[str, Any]) -> Dict[str, Any]:
+    """A chat completion with tool calls in the deprecated shape: the message's first call as
+    ``function_call`` (name and arguments; ``tool_calls`` stays only when it holds more than one)
+    and finish reason ``function_call``."""
+    choices = []
+    for choice in response["choices"]:
+        message = dict(choice["message"])
+        calls = message.get("tool_calls")
+        if calls:
+            message["function_call"] = calls[0]["function"]
+            if len(calls) == 1:
+                del message["tool_calls"]
+            choice = {**choice, "message": message, "finish_reason": "function_call"}
+        choices.append(choice)
+    return {**response, "choices": choices}
+
+
+def legacy_chunks(chunks: Iterator[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+    """A chat completion's stream in the deprecated shape: the first call's parts as
+    ``function_call`` deltas (its name with empty arguments, then the arguments' pieces), finish
+    reason ``function_call``."""
+    try:
+        for chunk in chunks:
+            choices = []
+            for choice in chunk["choices"]:
+                delta = choice.get("delta", {})
+                parts = delta.get("tool_calls") or []
+                first = [p for p in parts if p.get("index") == 0]
+                if first:
+                    rest = [p for p in parts if p.get("index") != 0]
+                    delta = {k: v for k, v in delta.items() if k != "tool_calls"}
+                    delta["function_call"] = {k: v for k, v in first[0]["function"].items()}
+                    if rest:
+                        delta["tool_calls"] = rest
+                    choice = {**choice, "delta": delta}
+                if choice.get("finish_reason") == "tool_calls":
+                    choice = {**choice, "finish_reason": "function_call"}
+                choices.append(choice)
+            yield {**chunk, "choices": choices}
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # a reader that stops early stops the generation

@@ -73,14 +73,11 @@ def test_a_stream_left_early_stops_its_generation(smol_plain):
     assert again["choices"][0]["text"] == smol_plain.generate("Once upon a time", max_tokens=12, temperature=0).text
 
 
-def test_tfs_z_does_nothing_as_in_llama_cpp_python_and_functions_are_refused_by_name(smol_plain):
+def test_tfs_z_does_nothing_as_in_llama_cpp_python(smol_plain):
     """llama.cpp has no tail-free sampling any more; llama-cpp-python takes tfs_z and ignores it."""
     plain = smol_plain.create_completion("Once upon a time", max_tokens=8, temperature=0.8, seed=2)
     tfs = smol_plain.create_completion("Once upon a time", max_tokens=8, temperature=0.8, seed=2, tfs_z=0.5)
     assert tfs["choices"][0]["text"] == plain["choices"][0]["text"]
-    for arguments, name in (({"functions": [{"name": "f"}]}, "functions"), ({"function_call": "auto"}, "function_call")):
-        with pytest.raises(ConfigError, match=f"^{name} is not supported \\(OpenAI deprecated it\\): send tools"):
-            smol_plain.create_chat_completion(CHAT, **arguments)
     with pytest.raises(ConfigError, match="stopping_criteria is a function"):
         smol_plain.create_completion("hi", stopping_criteria="never")
     with pytest.raises(ConfigError, match="a grammar is GBNF text or a llama_cpp.LlamaGrammar, got object"):

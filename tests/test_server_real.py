@@ -364,8 +364,8 @@ BAD = [
     ("/v1/completions", {"prompt": [10**9]}, "not in the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 2, "echo": True, "suffix": "x"}, "echo with logprobs and a suffix"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "mirostat": 3}, "mirostat"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]},
-     "functions is not supported (OpenAI deprecated it): send tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}],
+                              "function_call": "required"}, 'function_call is "auto", "none" or'),
     ("/v1/completions", {"prompt": "hi", "suffix": "x"}, "has no fill-in-the-middle tokens"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999999": 1}}, "not in the vocabulary"),
     ("/v1/completions", {"prompt": "hi", "repeat_penalty": 0}, "repeat_penalty: Input should be greater than 0"),
@@ -409,7 +409,7 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
 def test_tools_through_the_openai_client(model_file):
     """Qwen2.5 (its template renders tools): the call parsed by the client, whole and streamed,
     with tool_choice "auto", "required" and a named function, and the follow-up with the call
-    and its result."""
+    and its result; the deprecated functions and function_call."""
     qwen = Server("-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none")
     try:
         client = qwen.client()
@@ -442,6 +442,11 @@ def test_tools_through_the_openai_client(model_file):
         follow = client.chat.completions.create(model="x", messages=[*ask, choice.message.model_dump(), result],
                                                 temperature=0, max_tokens=40)
         assert follow.choices[0].finish_reason == "stop" and "18" in follow.choices[0].message.content
+        legacy = client.chat.completions.create(model="x", messages=ask, functions=[WEATHER["function"]],
+                                                function_call={"name": "get_weather"}, temperature=0, max_tokens=60)
+        assert legacy.choices[0].finish_reason == "function_call"
+        assert legacy.choices[0].message.function_call.name == "get_weather"
+        assert json.loads(legacy.choices[0].message.function_call.arguments) == arguments
     finally:
         qwen.stop()
 

@@ -107,3 +107,36 @@ def test_a_model_without_tools_in_its_template_is_refused_by_name(smol_plain):
         smol_plain.create_chat_completion(ASK, tools=[WEATHER])
     answer = smol_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice="none", max_tokens=4)
     assert "tool_calls" not in answer["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("function_call", ["auto", {"name": "get_weather"}])
+def test_openai_s_deprecated_functions_are_the_same_calls_in_the_older_shapes(qwen_plain, function_call):
+    """``functions`` and ``function_call``: the reply's call as ``function_call`` with finish
+    reason "function_call", whole and streamed; the tools request's call, argument for argument;
+    a follow-up with the call and a ``function`` message gets a text answer."""
+    functions = [WEATHER["function"]]
+    choice = NAMED if isinstance(function_call, dict) else function_call
+    tools = qwen_plain.create_chat_completion(ASK, tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=60)
+    reply = qwen_plain.create_chat_completion(ASK, functions=functions, function_call=function_call, temperature=0,
+                                              max_tokens=60)
+    [answer] = reply["choices"]
+    assert answer["finish_reason"] == "function_call" and "tool_calls" not in answer["message"]
+    assert answer["message"]["function_call"] == tools["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert answer["message"]["content"] is None
+    called, reasons = {"name": "", "arguments": ""}, []
+    for chunk in qwen_plain.create_chat_completion(ASK, functions=functions, function_call=function_call,
+                                                   temperature=0, max_tokens=60, stream=True):
+        delta = chunk["choices"][0]["delta"]
+        assert "tool_calls" not in delta and not delta.get("content")
+        for key in called:
+            called[key] += delta.get("function_call", {}).get(key, "")
+        reasons.append(chunk["choices"][0]["finish_reason"])
+    assert reasons[-1] == "function_call" and called == answer["message"]["function_call"]
+    result = {"role": "function", "name": "get_weather", "content": json.dumps({"temperature": 18, "sky": "sunny"})}
+    follow = qwen_plain.create_chat_completion([*ASK, answer["message"], result], temperature=0,
+                                               max_tokens=40)["choices"][0]
+    assert follow["finish_reason"] == "stop" and "18" in follow["message"]["content"], follow
+    with pytest.raises(ConfigError, match="give tools and tool_choice, or the deprecated functions"):
+        qwen_plain.create_chat_completion(ASK, functions=functions, tools=[WEATHER])
+    with pytest.raises(ConfigError, match='function_call is "auto", "none" or'):
+        qwen_plain.create_chat_completion(ASK, functions=functions, function_call="required")

@@ -1,8 +1,6 @@
 """The request bodies of the OpenAI endpoints, as pydantic models: what each field may hold.
 
-Fields OpenAI clients send that llamaspec does not serve (the deprecated ``functions``) are
-accepted as data and refused with a clear 400 by ``completions.refuse``; unknown fields are
-ignored, and so is ``tfs_z``, as llama-cpp-python's server ignores it.
+Unknown fields are ignored, and so is ``tfs_z``, as llama-cpp-python's server ignores it.
 """
 
 from __future__ import annotations
@@ -104,7 +102,7 @@ class ChatRequest(Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
-    functions: Optional[List[Any]] = None  # OpenAI's deprecated form of tools: refused by name
+    functions: Optional[List[Any]] = None  # OpenAI's deprecated form of tools
     function_call: Optional[Any] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
