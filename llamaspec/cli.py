@@ -596,7 +596,7 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
     click.echo(f"accept       = {stats.accept:.3f}%")
     click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / max(stats.n_steps, 1):.2f} tokens per call)")
     if measured:
-        bound = copy_oracle(prompt, text, curve.cost)
+        bound = copy_oracle(prompt, text, curve.cost, curve.switch)
         click.echo(f"predicted    = {stats.speedup:.2f}x plain decoding with the measured cost curve "
                    f"({curve.threads} threads, {curve.backend}: {curve_summary(curve)})")
         click.echo(f"copy oracle  = {bound:.2f}x ({100 * stats.speedup / bound:.0f}% of it reached)")
@@ -606,7 +606,8 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], looku
 
 
 def curve_summary(curve: CostCurve, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32)) -> str:
-    return " ".join(f"{n}:{curve.cost(n):.2f}" for n in sizes)
+    switch = f"; a decode of another row count than the last: +{curve.switch:.2f}" if curve.switch else ""
+    return " ".join(f"{n}:{curve.cost(n):.2f}" for n in sizes) + switch
 
 
 # --- bench, profile, compare ----------------------------------------------------------------

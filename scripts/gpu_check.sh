@@ -6,7 +6,8 @@
 # build: llama-cpp-python compiled for CUDA from its sources (flags: scripts/cmake_args.sh cuda)
 #   into a wheel in $WORK/wheelhouse (one already there is reused), installed with llamaspec's
 #   dependencies into $WORK/site, which this script puts first on PYTHONPATH.
-# check: the model's cost curve, 1..32 rows, on the GPU (`llamaspec profile`); `llamaspec bench`'s
+# check: the model's cost curve, 1..32 rows, on the GPU (`llamaspec profile`), and what a change
+#   of row count costs (scripts/gpu_graphs.py); `llamaspec bench`'s
 #   five prompts, plain / lookup / draft / auto, on the GPU; tests/test_offload_real.py with every
 #   layer offloaded (greedy text the GPU's own and the CPU's but at near-ties, the KV caches exact
 #   after every step); the curve on the CPU; then one summary table (scripts/gpu_summary.py).
@@ -16,9 +17,10 @@
 # in parts (joined here; llamaspec verifies the whole file's sha256).
 #
 # WORK (default .gpu; a machine that gets its files in several loads may keep only what lies
-# outside the checkout between them: then a folder there, e.g. WORK=/root/gw); OUT (default $WORK/out): logs, costs.json (the curves), bench.json,
-# summary.txt. MODEL (default smollm2-135m-instruct), DRAFT (default: MODEL: no smaller model
-# shares its vocabulary, so it drafts for itself, at its own cost), N tokens per answer (256),
+# outside the checkout between them: then a folder there, e.g. WORK=/root/gw); OUT (default
+# $WORK/out): costs.json (the curves), bench.json, and the logs with the summary in logs.tgz.
+# MODEL (default smollm2-135m-instruct), DRAFT (default: MODEL: no smaller model shares its
+# vocabulary, so it drafts for itself, at its own cost), N tokens per answer (256),
 # REPEAT runs of each (3). CMAKE_EXTRA: more CMake flags (-DGGML_CUDA_FA=OFF leaves out the
 # flash-attention kernels, a third of the build). BACKEND=cpu: a dry run on a machine without a GPU (built for its CPU,
 # nothing offloaded). Exit status: 1 if a stage failed (the later ones still run).
@@ -100,6 +102,7 @@ if [[ " $stages " == *" check "* ]]; then
         echo "no nvidia-smi" > "$out/gpu.txt"
     stage models models
     stage profile_gpu "$python" -m llamaspec profile -m "$model" -ngl -1 --repeats 5
+    stage graphs "$python" scripts/gpu_graphs.py "$model" -ngl -1 --json "$out/graphs.json"
     stage bench "$python" -m llamaspec bench -m "$model" -md "$draft" -ngl -1 -ngld -1 \
         --strategies plain,lookup,draft,auto -n "${N:-256}" --repeat "${REPEAT:-3}" --json "$out/bench.json"
     stage tests env LLAMASPEC_TEST_NGL=-1 LLAMASPEC_TEST_THREADS="$(nproc)" "$python" -m pytest -q -p no:cacheprovider tests/test_offload_real.py
@@ -107,5 +110,7 @@ if [[ " $stages " == *" check "* ]]; then
     cp "$LLAMASPEC_CACHE/costs.json" "$out/costs.json" 2> /dev/null
     stage summary "$python" scripts/gpu_summary.py "$out"
     cat "$out/gpu.txt" "$out/summary.log"
+    # the logs in one file: a device machine may give back no more than 8 files
+    (cd "$out" && tar czf logs.tgz gpu.txt ./*.log && rm -f gpu.txt ./*.log)
 fi
 exit $status

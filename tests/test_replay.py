@@ -85,39 +85,39 @@ def test_perfect_estimates_split_the_gap_to_the_bound(name, qwen_vocab):
     assert perfect.n_drafted - perfect.n_accept <= 0.05 * perfect.n_drafted
 
 
-@pytest.mark.parametrize("name, share", [("code_edit", 0.75), ("summarize_quotes", 0.7), ("json_record", 0.7)])
+@pytest.mark.parametrize("name, share", [("code_edit", 0.55), ("summarize_quotes", 0.5), ("json_record", 0.5)])
 def test_on_the_measured_gpu_curve_the_planner_verifies_long_copies(name, share, qwen_vocab):
-    """On the H200's curve (a batch of 2 to 8 rows costs 3.6 single tokens, 32 rows 5.6) a step
-    that verifies, verifies long: 73-76% of the copy bound (what is left is mostly the steps a
-    copy takes to find its place again after an edit, which the oracle, knowing the answer,
-    never spends)."""
+    """On the H200's curve (replayed decodes: 2 to 8 rows 1.06-1.36 single tokens, 32 rows 3.2;
+    every change of row count 2.66 more) the answers that copy reach 53-59% of the copy bound,
+    which plans its shapes knowing the answer (it keeps 8 rows through a copy and one row
+    elsewhere, where a planner that does not know what comes pays for changes)."""
     item = ANSWERS[name]
-    bound = copy_oracle(item["prompt"], item["answer"], GPU.cost)
+    bound = copy_oracle(item["prompt"], item["answer"], GPU.cost, GPU.switch)
     stats = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
     print(f"{name}: {stats.speedup:.2f}x of a {bound:.2f}x bound, {stats.n_drafted / max(stats.n_steps, 1):.1f} rows a step")
     assert stats.speedup >= share * bound
 
 
 def test_on_the_measured_gpu_curve_never_much_slower_than_plain(qwen_vocab):
-    """A wrong verify costs 3.6 single-token decodes there, not 1.5 to 2 as on a CPU: the worst
-    recorded answer (h_json) loses 7%."""
+    """A verify from single rows costs its rows and a change of row count there (3.7 single-token
+    decodes for 2 rows): the worst recorded answers (h_yaml, h_quote_zen) lose 8%."""
     for name, item in {**ANSWERS, **MORE, **HELD_OUT}.items():
         stats = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
-        assert stats.speedup >= 0.92, f"{name}: {stats.speedup:.2f}x"
+        assert stats.speedup >= 0.9, f"{name}: {stats.speedup:.2f}x"
 
 
 def test_asking_is_gated_where_it_costs_more_than_it_gains(qwen_vocab):
     """With asking the sources charged 0.55 single-token decodes a step (llamaspec's own time
-    beside SmolLM2-135M's 1.5 ms decode on the H200), asking every step made the answers that
-    copy little 0.63-0.65x plain; gated, none is below 0.85x, while the answers that copy much
-    ask nearly every step and lose nothing to the gate."""
+    beside SmolLM2-135M's 1.4 ms decode on the H200), asking every step made the answers that
+    copy little 0.62-0.67x plain; gated, none is below 0.8x (fstrings 0.81x, h_yaml 0.83x), and
+    the answers that copy much ask most steps and lose at most 14% to the gate (rename)."""
     for name, item in {**ANSWERS, **MORE, **HELD_OUT}.items():
         free = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab))
         gated = replay(item["prompt"], item["answer"], speculator(GPU, vocab=qwen_vocab), ask_cost=0.55)
         every = free.n_tokens / (free.cost + 0.55 * free.n_steps)  # the same steps, each asking
-        assert gated.speedup >= 0.85, f"{name}: {gated.speedup:.2f}x"
+        assert gated.speedup >= 0.8, f"{name}: {gated.speedup:.2f}x"
         if free.speedup > 2:
-            assert gated.n_asked >= 0.9 * gated.n_steps and gated.speedup >= every - 0.01, name
+            assert gated.n_asked >= 0.8 * gated.n_steps and gated.speedup >= 0.85 * every, name
         elif every < 0.7:
             assert gated.n_asked < 0.3 * gated.n_steps, name
 

@@ -11,6 +11,7 @@ prefix of ``tokens[:-1]``. One step::
     a lane reading its prompt adds the next chunk of it
     for each decoding lane, in turn:
         plan = its speculator's plan, its rows costing what they add to the rows before them
+    pad the rows to the last decode's count where changing it costs more (planning/shape.py)
     target.decode(every lane's rows)                       # ONE llama_decode
     for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
     empty the scratch sequences, trim every home and its  # Engine._trim, the only place
@@ -62,6 +63,7 @@ from ..grammar import Constraint
 from ..llama.binding import Context
 from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits
+from ..planning.shape import Shape, decode
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout
 from ..sampling import TokenLogprob, logprob_of
@@ -187,6 +189,7 @@ class Engine:
         self.scratch = list(range(n_lanes, target.n_seq_max))
         self.max_leaves = max_leaves
         self._turn = 0  # which lane plans first (turns rotate, so no lane always gets the rows left over)
+        self.shape = Shape()  # the last decode's row count, kept while that pays (a GPU's graphs)
 
     def vacate(self, keep: Optional[int] = None) -> None:
         """Empty every idle lane but lane ``keep``: its home and its sources' caches (a context
@@ -278,11 +281,15 @@ class Engine:
             laid: List[Laid] = []
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
             self._turn += 1
+            costs = order[0].speculator.costs if order else None
+            if costs is not None:
+                self.shape.switch = costs.switch
             for ln in order:
                 t0 = time.perf_counter()
                 room = ln.limit - len(ln.tokens)
                 limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
-                                room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1)
+                                room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1,
+                                shape=self.shape.kept, switch=self.shape.switch)
                 plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng, ln.constraint)
                 mine = self._lay_out(ln, plan, free, n_out)
                 mine.t_plan = time.perf_counter() - t0
@@ -293,12 +300,14 @@ class Engine:
                 committed += len(mine.rows) - 1
             if not rows:
                 return []
+            length = max(len(d.lane.tokens) for d in laid) if laid else None
+            if laid and costs is not None:
+                self._pad(rows, free, used, lambda n: costs.verify(n, length))
+            warm = self.shape.warm(len(rows))
             busy = target.t_llama
             target.decode_rows(rows)
             # a batch's rows attend to their own lane's text: priced behind the longest
-            length = max(len(d.lane.tokens) for d in laid) if laid else None
-            costs = laid[0].lane.speculator.costs if laid else None
-            if costs is not None:
+            if costs is not None and warm:
                 costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
             logits = target.logits(n_out)
             for ln, take, out, last in chunks:
@@ -309,15 +318,37 @@ class Engine:
                                   for i in range(take) if start + i + 1 < len(ln.tokens)]
                 if last:  # the prompt's last row: every row has logits when echoing, else only it
                     emitted += self._first_tokens(ln, logits[out + take - 1 if ln.echoed is not None else out])
+            accepted = 0
             for d in laid:
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
                 rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None
-                emitted.append((d.lane.home, self._settle(d, logits[d.out:], rider_tokens)))
+                step = self._settle(d, logits[d.out:], rider_tokens)
+                accepted += step.n_accepted
+                emitted.append((d.lane.home, step))
+            extra = costs.verify(len(rows), length) - 1.0 if costs is not None and self.shape.switch else 0.0
+            self.shape.decoded(len(rows), extra, accepted)
         finally:
             for s in used:
                 target.seq_rm(s, -1, -1)
             self._trim(touched)
         return emitted
+
+    def _pad(self, rows: List[Tuple[int, int, Tuple[int, ...], bool]], free: List[int], used: List[int],
+             verify: Callable[[int], float]) -> None:
+        """Pad ``rows`` up to the last decode's count where that costs less than changing it
+        (planning/shape.py; ``verify(n)``: a decode of n rows replayed): rows of a scratch
+        sequence of their own (emptied after the decode), each with a row of logits as a
+        verified row has, so that the decode has the last one's shape."""
+        padding = decode(len(rows), self.shape.kept, self.shape.switch, verify)[0] - len(rows)
+        if padding <= 0 or not free or self._cells() + len(rows) + padding > self.target.n_ctx:
+            return
+        seq = free.pop(0)
+        used.append(seq)
+        rows += [(rows[-1][0], i, (seq,), True) for i in range(padding)]
+
+    def _cells(self) -> int:
+        """KV cells the lanes' homes hold at most (cells shared by a group's lanes counted for each)."""
+        return sum(len(ln.cached) for ln in self.lanes)
 
     def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "Laid":
         """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``

@@ -27,7 +27,8 @@ from ..engine.acceptance import walk_greedy
 from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Candidate, Outcome
 from ..config import SamplingConfig
-from ..planning.costs import CostCurve, CostModel
+from ..planning.costs import N_MAX, CostCurve, CostModel
+from ..planning.shape import Shape, decode
 from ..sources.registry import Loaded
 from ..sources import default_registry
 from ..planning.planner import MAX_LEAVES, Limits, Planner
@@ -91,8 +92,11 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     rng = np.random.default_rng(0)
     tokens = [*prompt, answer[0]]
     pos = 1
+    costs = speculator.costs
+    shape = Shape(costs.switch)  # the decodes' shapes, as the engine keeps them (planning/shape.py)
     while pos < len(answer):
-        limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves)
+        limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves,
+                        shape=shape.kept, switch=shape.switch)
         plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
         trie = plan.trie
         path, token = walk_greedy(trie.children, lambda v, base=pos: int(answer[base + trie.depth[v]]))
@@ -110,7 +114,13 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         stats.n_asked += plan.asked
         stats.n_drafted += len(trie) - 1
         stats.n_accept += len(path)
-        stats.cost += plan.choice.cost + (ask_cost if plan.asked else 0.0)
+        # what the decode costs: its rows (padded as the engine pads them), a change of shape in full
+        rows = len(trie) + (len(plan.rider.rows) if plan.rider is not None else 0)
+        length = len(tokens) - len(emitted)
+        decoded, _ = decode(rows, shape.kept, shape.switch, lambda n: costs.verify(n, length))
+        changed = costs.switch if shape.rows and decoded != shape.rows else 0.0
+        stats.cost += costs.verify(decoded, length) + changed + (ask_cost if plan.asked else 0.0)
+        shape.decoded(decoded, costs.verify(decoded, length) - 1.0, len(path))
         for v in range(1, len(trie)):
             for name in trie.sources(v, plan.candidates):
                 stats.sources.setdefault(name, SourceStats()).drafted += 1
@@ -128,10 +138,13 @@ def _knows(answer: Sequence[int], pos: int) -> Callable[[Candidate], List[float]
     return estimate
 
 
-def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int, int], float]) -> float:
+def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int, int], float],
+                switch: float = 0.0) -> float:
     """The best speed-up over plain decoding that verifying copied runs can give on ``answer``:
     each step may verify the next m answer tokens when they occur, in a row, in the prompt or
-    the answer so far, at ``cost(1 + m, length of the text)``, and emits them plus one more token."""
+    the answer so far, at ``cost(1 + m, length of the text)``, and emits them plus one more token.
+    With a ``switch`` cost (a GPU's shapes: planning/shape.py), a decode may also be padded to
+    the last one's rows, and one of another row count costs ``switch`` more."""
     hay = [*prompt, *answer]
     n_prompt, n = len(prompt), len(answer)
     where: DefaultDict[int, List[int]] = defaultdict(list)
@@ -149,7 +162,21 @@ def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[in
                 m += 1
             best = max(best, m)
         longest[i] = best
-    total = [0.0] * (n + 1)  # cost of emitting answer[i:] with answer[:i] emitted
+    if switch <= 0:
+        total = [0.0] * (n + 1)  # cost of emitting answer[i:] with answer[:i] emitted
+        for i in range(n - 1, 0, -1):
+            total[i] = min(cost(1 + m, n_prompt + i) + total[min(i + m + 1, n)]
+                           for m in range(min(longest[i], n - i) + 1))
+        return (n - 1) / total[1] if n > 1 else 1.0
+    # by the last decode's rows too (0: none yet, no switch), of at most N_MAX rows as the planner's
+    widest = min(1 + max(longest), N_MAX)
+    shaped = [[0.0] * (widest + 1) for _ in range(n + 1)]
     for i in range(n - 1, 0, -1):
-        total[i] = min(cost(1 + m, n_prompt + i) + total[min(i + m + 1, n)] for m in range(min(longest[i], n - i) + 1))
-    return (n - 1) / total[1] if n > 1 else 1.0
+        for last in range(widest + 1):
+            options = []
+            for m in range(min(longest[i], n - i, widest - 1) + 1):
+                after = shaped[min(i + m + 1, n)]
+                for rows in {1 + m, last} if last >= 1 + m else {1 + m}:
+                    options.append(cost(rows, n_prompt + i) + (switch if last and rows != last else 0.0) + after[rows])
+            shaped[i][last] = min(options)
+    return (n - 1) / shaped[1][0] if n > 1 else 1.0

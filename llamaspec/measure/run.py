@@ -92,7 +92,7 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
             spec.close()
     greedy = settings.temperature == 0
     infos_p = [PromptInfo(p.name, p.description, len(t),
-                          copy_oracle(t, runs[(p.name, "plain")][0][0].tokens, curve.cost), p.schema is not None)
+                          copy_oracle(t, runs[(p.name, "plain")][0][0].tokens, curve.cost, curve.switch), p.schema is not None)
                for p, t in zip(prompts, inputs)]
     report = BenchReport(version(), datetime.now(timezone.utc).isoformat(timespec="seconds"),
                          machine, settings, method, infos, infos_p, decode_ms=curve.ms_per_token)

@@ -31,6 +31,14 @@ DEEP_SIZES = (1, 2, 4, 8, 16, 32)
 # curve said 61 ms for one token where generation took 56, and every batch cost 5-10% more,
 # relative to one token, than the curve said.
 ONES = 4
+# On a GPU, decodes of a size are timed after WARM untimed ones of that size (so that they are
+# replayed as captured graphs, as in a run that keeps its shape); a change of shape is timed as
+# SWITCHES rounds of a decode of SWITCH_ROWS rows then two single tokens. A switch measured
+# below SWITCH_MIN single decodes is noise.
+WARM = 2
+SWITCHES = 5
+SWITCH_ROWS = 8
+SWITCH_MIN = 0.25
 FILLER = ("The river ran high in spring and the clock ran fast; in a dry August it could lose ten minutes a day. "
           "def area(width, height):\n    return width * height\n")
 
@@ -42,7 +50,11 @@ class CostCurve:
     row attends to every cached token, so behind a longer text a batch costs more, relative to a
     single token too (Qwen2.5-Coder-1.5B on a 2-core Xeon: 16 rows cost 3.8 single-token decodes
     behind 256 tokens, 4.3 behind 1024 and 4.8 behind 2048). Between the two and beyond, the
-    milliseconds of a decode of n rows follow the length of the text linearly."""
+    milliseconds of a decode of n rows follow the length of the text linearly.
+
+    On a GPU the costs are those of a decode after decodes of its own row count (replayed as a
+    captured graph), and ``switch`` is what a decode of another row count costs more, in
+    single-token decodes, over it and the next decodes (see planning/shape.py); 0 on a CPU."""
 
     relative: List[float]
     ms_per_token: float
@@ -52,6 +64,7 @@ class CostCurve:
     deep: Optional[List[float]] = None
     deep_ms_per_token: float = 0.0
     deep_context: int = 0
+    switch: float = 0.0
 
     def cost(self, n: int, length: Optional[int] = None) -> float:
         """One decode of n tokens over one of a single token, behind ``length`` cached tokens
@@ -174,6 +187,11 @@ class CostModel:
             self.ms(self.TARGET, 1, length)
 
     @property
+    def switch(self) -> float:
+        """What a target decode of another row count than the last one's costs more (planning/shape.py)."""
+        return self.curves[self.TARGET].switch
+
+    @property
     def timed(self) -> bool:
         """Whether the target's curve was measured in milliseconds, so wall times convert to its
         units (an ideal curve, CostCurve.flat, has none)."""
@@ -216,35 +234,59 @@ def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2, progre
     deep = len(filler) if len(filler) >= 2 * shallow and deep_sizes else 0
     bar = tqdm(total=repeats * (len(sizes) + (len(deep_sizes) if deep else 0)), desc=progress, unit="decode",
                file=sys.stderr, disable=not progress, leave=False)
+    backend = backend_name(ctx.model)
+    warm = 0 if backend == "cpu" else WARM
     try:
-        near = _time(ctx, filler[:shallow], sizes, repeats, bar)
-        far = _time(ctx, filler[shallow:deep], deep_sizes, repeats, bar) if deep else None
+        near = _time(ctx, filler[:shallow], sizes, repeats, bar, warm)
+        switch = 0.0 if backend == "cpu" else _switch(ctx, filler[:SWITCH_ROWS], near[1])
+        far = _time(ctx, filler[shallow:deep], deep_sizes, repeats, bar, warm) if deep else None
     finally:
         bar.close()
         ctx.truncate(base)
-    curve = CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend_name(ctx.model), base + shallow)
+    curve = CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend, base + shallow, switch=switch)
     if far is not None:
         curve.deep, curve.deep_ms_per_token, curve.deep_context = _relative(far), 1000 * far[1], base + deep
     return curve
 
 
-def _time(ctx: Context, filler: Sequence[int], sizes: Sequence[int], repeats: int, bar: tqdm) -> Dict[int, float]:
+def _time(ctx: Context, filler: Sequence[int], sizes: Sequence[int], repeats: int, bar: tqdm,
+          warm: int = 0) -> Dict[int, float]:
     """Append ``filler`` to the cache, then the fastest of ``repeats`` decodes of n tokens of it
-    behind it (of ONES * ``repeats`` for one token), for each n in ``sizes`` (seconds); each
-    decode is rolled back."""
+    behind it (of ONES * ``repeats`` for one token), each after ``warm`` untimed decodes of n,
+    for each n in ``sizes`` (seconds); each decode is rolled back."""
     ctx.eval(filler)
     end = len(ctx.tokens)
     best: Dict[int, float] = {}
     for _ in range(repeats):
         for n in sizes:
-            for _ in range(ONES if n == 1 else 1):
-                t0 = time.perf_counter()
-                ctx.eval(_cycle(filler, n), logits="all")
-                dt = time.perf_counter() - t0
-                ctx.truncate(end)
-                best[n] = min(dt, best.get(n, dt))
+            for i in range(warm + (ONES if n == 1 else 1)):
+                dt = _decode(ctx, _cycle(filler, n), end)
+                if i >= warm:
+                    best[n] = min(dt, best.get(n, dt))
             bar.update()
     return best
+
+
+def _decode(ctx: Context, tokens: Sequence[int], end: int) -> float:
+    """Seconds of one decode of ``tokens`` (a row of logits each) behind the first ``end``, rolled back."""
+    t0 = time.perf_counter()
+    ctx.eval(tokens, logits="all")
+    dt = time.perf_counter() - t0
+    ctx.truncate(end)
+    return dt
+
+
+def _switch(ctx: Context, rows: Sequence[int], single: float) -> float:
+    """What a change of shape costs, in single-token decodes of ``single`` seconds: the two
+    single-token decodes after one of ``rows`` rows, over two replayed ones (the median of
+    SWITCHES rounds; 0 below SWITCH_MIN)."""
+    end = len(ctx.tokens)
+    extra = []
+    for _ in range(SWITCHES):
+        _decode(ctx, rows, end)
+        extra.append((_decode(ctx, rows[:1], end) + _decode(ctx, rows[:1], end)) / single - 2)
+    switch = float(np.median(extra))
+    return round(switch, 3) if switch >= SWITCH_MIN else 0.0
 
 
 def _cycle(tokens: Sequence[int], n: int) -> List[int]:
@@ -259,7 +301,9 @@ def _relative(best: Dict[int, float]) -> List[float]:
 
 
 def _key(path: Path, threads: int, backend: str) -> str:
-    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}-{DEEP}-text"  # -text: measured on text
+    # -text: measured on text; -warm: a GPU's decodes timed replayed, with the cost of a switch
+    warm = "" if backend == "cpu" else "-warm"
+    return f"{path.name}:{path.stat().st_size}:t{threads}:{backend}:p{PREFIX}-{DEEP}-text{warm}"
 
 
 def cached_curve(model_path: Path, threads: int, cache_file: Optional[Path],

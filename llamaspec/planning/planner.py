@@ -60,6 +60,7 @@ from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..sources.base import Budget, Candidate, Rider
 from ..sources import default_registry
+from .shape import decode
 from .costs import N_MAX, CostModel
 from .trie import Trie
 
@@ -79,7 +80,9 @@ class Limits:
     room in the context), the rows a batch may hold, the positions left in the context after
     the pending token's, and how many branches (KV-cache sequences). ``base_rows``: rows other
     sequences put in the same decode; this one's rows cost what they add to them. ``length``:
-    the text's tokens, the pending one included (decodes cost more behind a longer text)."""
+    the text's tokens, the pending one included (decodes cost more behind a longer text).
+    ``shape``: the rows of the last decode, and ``switch``: what a decode of another row count
+    is charged more (where a change of row count costs: planning/shape.py)."""
 
     max_depth: int
     max_rows: int
@@ -87,6 +90,8 @@ class Limits:
     max_leaves: int = MAX_LEAVES
     base_rows: int = 0
     length: Optional[int] = None
+    shape: int = 0
+    switch: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -230,8 +235,12 @@ class Planner:
 
     def _added(self, limits: Limits, rows: int) -> float:
         """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
-        base, length = limits.base_rows, limits.length
-        return self.costs.verify(base + rows, length) - (self.costs.verify(base, length) if base else 0.0)
+        base = limits.base_rows
+        return self._decode(limits, base + rows) - (self._decode(limits, base) if base else 0.0)
+
+    def _decode(self, limits: Limits, rows: int) -> float:
+        """What a decode of ``rows`` rows costs after the last one (planning/shape.py)."""
+        return decode(rows, limits.shape, limits.switch, lambda n: self.costs.verify(n, limits.length))[1]
 
     def _may_pay(self, rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> bool:
         """Whether any selection could beat a plain step: a bound that spares building the trie
