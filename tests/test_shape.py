@@ -39,22 +39,22 @@ def test_a_decode_is_padded_to_the_last_shape_where_that_costs_less_than_a_switc
 
 def test_a_shape_is_kept_while_what_it_accepts_pays_for_it_and_left_once_it_has_lost_a_switch():
     shape = Shape(switch=2.1)
-    shape.decoded(8, 0.30, 5)  # a verify of 8 rows
+    shape.decoded(8, 5, STICKY.cost)  # a verify of 8 rows
     assert shape.kept == 8 and not shape.warm(8)  # the first of a shape runs unreplayed
     for _ in range(6):  # plain steps padded to 8: 0.30 more each, nothing accepted
-        shape.decoded(8, 0.30, 0)
+        shape.decoded(8, 0, STICKY.cost)
         assert shape.kept == 8
     assert shape.warm(8) and not shape.warm(1)
-    shape.decoded(8, 0.30, 1)  # a step whose free rows accepted a token: paid for itself and more
+    shape.decoded(8, 1, STICKY.cost)  # a step whose free rows accepted a token: paid for itself and more
     assert shape.loss == pytest.approx(6 * 0.30 + 0.30 - 1)
     for _ in range(4):
-        shape.decoded(8, 0.30, 0)
+        shape.decoded(8, 0, STICKY.cost)
     assert shape.kept == 0  # 2.1 lost: the next decode takes its own rows
-    shape.decoded(1, 0.0, 0)
+    shape.decoded(1, 0, STICKY.cost)
     assert shape.rows == 1 and shape.loss == 0 and shape.kept == 1
     free = Shape()
-    free.decoded(8, 0.30, 0)
-    free.decoded(1, 0.0, 0)
+    free.decoded(8, 0, STICKY.cost)
+    free.decoded(1, 0, STICKY.cost)
     assert free.warm(1) and free.loss == 0  # row counts cost nothing: every decode is warm
 
 

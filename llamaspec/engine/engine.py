@@ -301,8 +301,9 @@ class Engine:
             if not rows:
                 return []
             length = max(len(d.lane.tokens) for d in laid) if laid else None
-            if laid and costs is not None:
-                self._pad(rows, free, used, lambda n: costs.verify(n, length))
+            verify = (lambda n: costs.verify(n, length)) if costs is not None else None
+            if laid and verify is not None:
+                self._pad(rows, free, used, verify)
             warm = self.shape.warm(len(rows))
             busy = target.t_llama
             target.decode_rows(rows)
@@ -325,8 +326,7 @@ class Engine:
                 step = self._settle(d, logits[d.out:], rider_tokens)
                 accepted += step.n_accepted
                 emitted.append((d.lane.home, step))
-            extra = costs.verify(len(rows), length) - 1.0 if costs is not None and self.shape.switch else 0.0
-            self.shape.decoded(len(rows), extra, accepted)
+            self.shape.decoded(len(rows), accepted, verify)
         finally:
             for s in used:
                 target.seq_rm(s, -1, -1)

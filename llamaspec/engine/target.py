@@ -72,12 +72,13 @@ class Target:
         else:
             dist = self.distribution(row)
             token = sample_at(dist, uniform())
-            self._drew(dist, token)
+            self.drew(dist, token)
         if self.constraint is not None:
             self.constraint.advance(token)
         return token
 
-    def _drew(self, dist: Distribution, token: int) -> None:
+    def drew(self, dist: Distribution, token: int) -> None:
+        """``token`` was drawn from ``dist``, this target's distribution at its position: mirostat moves on."""
         if self.mirostat is not None:
             self.mirostat.advance(dist, token)
 
@@ -107,7 +108,7 @@ def walk(trie: Trie, logits: np.ndarray, target: Target, rng: np.random.Generato
             if constraint is not None:
                 constraint.advance(trie.token[v])
             if dists:
-                target._drew(dists[-1], trie.token[v])
+                target.drew(dists[-1], trie.token[v])
         x = logits[v]
         if target.processor is not None or sampling.shaped:
             x = target.row(x, before + [trie.token[u] for u in trie.path(v)])
@@ -122,7 +123,7 @@ def walk(trie: Trie, logits: np.ndarray, target: Target, rng: np.random.Generato
         path, token = walk_greedy(trie.children, lambda v: target.argmax(row(v)))
     else:
         path, token = walk_sampled(trie.children, trie.q, distribution, rng, uniform)
-        target._drew(dists[-1], token)
+        target.drew(dists[-1], token)
     if constraint is not None:
         constraint.advance(token)
     return path, token, rows

@@ -117,10 +117,12 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         # what the decode costs: its rows (padded as the engine pads them), a change of shape in full
         rows = len(trie) + (len(plan.rider.rows) if plan.rider is not None else 0)
         length = len(tokens) - len(emitted)
-        decoded, _ = decode(rows, shape.kept, shape.switch, lambda n: costs.verify(n, length))
+        def verify(n: int) -> float:
+            return costs.verify(n, length)
+        decoded, _ = decode(rows, shape.kept, shape.switch, verify)
         changed = costs.switch if shape.rows and decoded != shape.rows else 0.0
-        stats.cost += costs.verify(decoded, length) + changed + (ask_cost if plan.asked else 0.0)
-        shape.decoded(decoded, costs.verify(decoded, length) - 1.0, len(path))
+        stats.cost += verify(decoded) + changed + (ask_cost if plan.asked else 0.0)
+        shape.decoded(decoded, len(path), verify)
         for v in range(1, len(trie)):
             for name in trie.sources(v, plan.candidates):
                 stats.sources.setdefault(name, SourceStats()).drafted += 1

@@ -260,14 +260,14 @@ def _time(ctx: Context, filler: Sequence[int], sizes: Sequence[int], repeats: in
     for _ in range(repeats):
         for n in sizes:
             for i in range(warm + (ONES if n == 1 else 1)):
-                dt = _decode(ctx, _cycle(filler, n), end)
+                dt = _timed(ctx, _cycle(filler, n), end)
                 if i >= warm:
                     best[n] = min(dt, best.get(n, dt))
             bar.update()
     return best
 
 
-def _decode(ctx: Context, tokens: Sequence[int], end: int) -> float:
+def _timed(ctx: Context, tokens: Sequence[int], end: int) -> float:
     """Seconds of one decode of ``tokens`` (a row of logits each) behind the first ``end``, rolled back."""
     t0 = time.perf_counter()
     ctx.eval(tokens, logits="all")
@@ -283,8 +283,8 @@ def _switch(ctx: Context, rows: Sequence[int], single: float) -> float:
     end = len(ctx.tokens)
     extra = []
     for _ in range(SWITCHES):
-        _decode(ctx, rows, end)
-        extra.append((_decode(ctx, rows[:1], end) + _decode(ctx, rows[:1], end)) / single - 2)
+        _timed(ctx, rows, end)
+        extra.append((_timed(ctx, rows[:1], end) + _timed(ctx, rows[:1], end)) / single - 2)
     switch = float(np.median(extra))
     return round(switch, 3) if switch >= SWITCH_MIN else 0.0
 

@@ -26,7 +26,7 @@ Where row counts cost nothing (a CPU: ``switch`` == 0) nothing is padded or char
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 
 def decode(rows: int, shape: int, switch: float, verify: Callable[[int], float]) -> Tuple[int, float]:
@@ -63,12 +63,12 @@ class Shape:
         refine the cost curve."""
         return self.switch <= 0 or (rows == self.rows and self.same >= 1)
 
-    def decoded(self, rows: int, extra: float, accepted: int) -> None:
-        """A decode of ``rows`` rows (padding included) ran, which cost ``extra`` single-token
-        decodes more than a single row and accepted ``accepted`` drafted tokens."""
-        if rows == self.rows:
-            self.same += 1
-            if self.switch > 0:
-                self.loss = max(0.0, self.loss + extra - accepted)
-        else:
+    def decoded(self, rows: int, accepted: int, verify: Optional[Callable[[int], float]]) -> None:
+        """A decode of ``rows`` rows (padding included) ran and accepted ``accepted`` drafted
+        tokens; ``verify(n)``: a decode of n rows replayed (None: no costs to weigh it by)."""
+        if rows != self.rows:
             self.rows, self.same, self.loss = rows, 0, 0.0
+            return
+        self.same += 1
+        if self.switch > 0 and verify is not None:
+            self.loss = max(0.0, self.loss + verify(rows) - verify(1) - accepted)
