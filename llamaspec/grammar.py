@@ -182,12 +182,16 @@ class Constraint:
     """One text's place in a grammar: which tokens may come next, and the text so far.
     ``seconds``: the time spent following it (masks, checks, advancing, forced tokens)."""
 
-    def __init__(self, vocab: GrammarVocabulary, grammar: Grammar) -> None:
+    def __init__(self, vocab: GrammarVocabulary, grammar: Grammar, _matcher: Any = None) -> None:
         from llguidance import LLMatcher
         self.grammar, self.vocab = grammar, vocab
         self.seconds = 0.0
-        self._matcher = LLMatcher(vocab.tokenizer, grammar.compiled, log_level=0)
+        self._matcher = _matcher if _matcher is not None else LLMatcher(vocab.tokenizer, grammar.compiled, log_level=0)
         self._check()
+
+    def fork(self) -> "Constraint":
+        """A copy at the same place that moves on alone (a draft looking ahead); this one stays."""
+        return Constraint(self.vocab, self.grammar, self._matcher.deep_copy())
 
     @_timed
     def allowed(self) -> np.ndarray:

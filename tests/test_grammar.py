@@ -1,7 +1,8 @@
 """Constrained decoding without a model: a grammar over the fake target's letters (tests/fakes.py)
 followed through the engine, greedy and sampled, with candidates the grammar forbids; the walk
-of a trie whose branches are in different grammar states; the grammar as a draft source; and,
-on Qwen2.5's vocabulary, which texts a JSON schema allows (llama.cpp's conversion's)."""
+of a trie whose branches are in different grammar states; the grammar as a draft source, lookup
+asked past its forced tokens and the draft model following it (exact when sampled); and, on
+Qwen2.5's vocabulary, which texts a JSON schema allows (llama.cpp's conversion's)."""
 
 from __future__ import annotations
 
@@ -15,19 +16,25 @@ from click.testing import CliRunner
 from scipy.stats import chisquare
 
 from llamaspec.cli import cli
-from llamaspec.config import SamplingConfig
+from llamaspec.config import DraftConfig, SamplingConfig
+from llamaspec.engine.engine import Engine
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.target import Target, walk
 from llamaspec.errors import GrammarError
 from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary
 from llamaspec.planning.costs import CostCurve
+from llamaspec.planning.planner import Planner
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import transform
-from llamaspec.sources import grammar as grammar_source
-from llamaspec.sources.base import Budget, Candidate
+from llamaspec.sources import draft_model, grammar as grammar_source
+from llamaspec.sources.base import LEAD, Budget, Candidate
+from llamaspec.sources.draft_model import DraftModelSource, DraftSequences
 from llamaspec.sources.lookup import LookupSource
 
-from fakes import EOS, V, FakeModel, check_kv, copying_prompt, logits_of
-from test_engine import GREEDY, Oracle, engine, second_and_third_tokens
+from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, logits_of
+from test_engine import GREEDY, Oracle, StepLog, engine, second_and_third_tokens
+from test_lanes import CHEAP_DRAFT, BlurredContext
 
 # letters a-e and f-j in turn, at least one pair: the state depends on the text so far
 ALTERNATING = 'root ::= ([a-e] [f-j])+'
@@ -128,17 +135,27 @@ def test_constrained_sampling_through_the_engine_is_exact():
     sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     n = 5000
     counts = second_and_third_tokens(lambda seed: prompt, sampling, n, fake_constraint)
+    assert_distributed(counts, constrained_pairs(prompt, allowed_at, sampling), n)
 
+
+def constrained_pairs(prompt, allowed, sampling, between=()):
+    """P(x1, x) under the constrained target, x0 summed over: x1 the 2nd token, x the one after
+    x0 x1 and the tokens ``between`` (``allowed(i)``: the grammar's tokens at generated position i)."""
     def p(text, i):
-        return transform(np.where(allowed_at(i), logits_of(text, sharp=False), -np.inf), sampling)
+        return transform(np.where(allowed(i), logits_of(text, sharp=False), -np.inf), sampling)
     expected = collections.Counter()
     first = p(prompt, 0)
     for x0, p0 in zip(first.ids, first.probs):
         second = p(prompt + [int(x0)], 1)
-        for x1, q1 in zip(second.ids, second.probs):
-            third = p(prompt + [int(x0), int(x1)], 2)
-            for x2, q2 in zip(third.ids, third.probs):
-                expected[(int(x1), int(x2))] += p0 * q1 * q2
+        for x1, p1 in zip(second.ids, second.probs):
+            then = p(prompt + [int(x0), int(x1), *between], 2 + len(between))
+            for x, px in zip(then.ids, then.probs):
+                expected[(int(x1), int(x))] += p0 * p1 * px
+    return expected
+
+
+def assert_distributed(counts, expected, n):
+    """A chi-square test of ``n`` drawn pairs against ``expected``; nothing it rules out drawn."""
     pairs = list(itertools.product(range(V), repeat=2))
     exp = np.array([expected[pq] * n for pq in pairs])
     obs = np.array([counts[pq] for pq in pairs])
@@ -161,6 +178,122 @@ def test_the_grammar_source_proposes_what_the_grammar_forces_and_it_is_verified_
     assert steps[0] == [1]  # the prompt's row: the grammar allows b alone
     assert steps[1][:4] == [2, 3, 4, 5]  # c d e f forced, verified in one decode
     assert ctx.decodes[1] >= 5
+
+
+def grammar_greedy(prompt, n, gbnf):
+    """Plain constrained greedy decoding of the fake target under ``gbnf``."""
+    constraint, text = fake_constraint(gbnf), list(prompt)
+    for _ in range(n):
+        text.append(int(constraint.mask(logits_of(text)).argmax()))
+        constraint.advance(text[-1])
+    return text[len(prompt):]
+
+
+def test_lookup_goes_on_past_the_tokens_the_grammar_forces():
+    """The grammar forces three tokens of the prompt after the text's first two; lookup is asked
+    after them (text + the forced tokens), so its candidate starts with them (evidence LEAD) and
+    goes on with what followed them in the prompt, which the fake target writes too: one step
+    accepts the forced tokens and more. The text is plain constrained greedy decoding's."""
+    prompt = copying_prompt()
+    lead = prompt[20:23]
+    gbnf = 'root ::= [a-o] [a-o] "%s" [a-o]*' % "".join(chr(ord("a") + t) for t in lead)
+    constraint, log = fake_constraint(gbnf), StepLog()
+    eng, ctx = engine([LookupSource(), grammar_source.GrammarSource(constraint), log])
+    text = []
+    for step in eng.steps(prompt, GREEDY, max_new=20, constraint=constraint):
+        text += step.tokens
+        check_kv(ctx, eng.tokens)
+    assert text[:20] == grammar_greedy(prompt, 20, gbnf)
+    led = [(o, c) for o in log.outcomes for c in o.candidates if c.source == "lookup" and c.evidence[0] == LEAD]
+    assert led, "lookup was never asked past the forced tokens"
+    outcome, cand = led[0]
+    n_lead = cand.evidence.count(LEAD)
+    accepted = next((i for i, (x, y) in enumerate(zip(outcome.emitted, cand.tokens)) if x != y),
+                    min(len(outcome.emitted), len(cand.tokens)))
+    assert accepted > n_lead  # the forced tokens and lookup's tokens after them were the target's
+
+
+# "a" (the pending token in the draft tests), then "b c d" forced, then letters a-e and f-j in turn
+FORCING = 'root ::= "abcd" ([a-e] [f-j])+'
+SAMPLED = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def masked_greedy(text, n, constraint):
+    """The fake model's greedy choice among what ``constraint`` allows, ``n`` tokens on (moving it)."""
+    text, out = list(text), []
+    for _ in range(n):
+        out.append(int(constraint.mask(logits_of(text + out)).argmax()))
+        constraint.advance(out[-1])
+    return out
+
+
+def draft_of(constraint=None, sharp=True) -> DraftModelSource:
+    drafts = DraftSequences(FakeContext(n_ctx=256, n_batch=64, n_seq_max=1, sharp=sharp))
+    return DraftModelSource(drafts, 0, DraftConfig(draft_max=8), constraint)
+
+
+def test_the_draft_model_takes_what_the_grammar_forces_and_drafts_only_what_it_allows():
+    """The draft reads the forced "b c d" in the decode of the text's catch-up and drafts on after
+    them, the argmax of what the grammar allows; the text's own grammar state does not move."""
+    constraint = fake_constraint(FORCING)
+    constraint.advance(0)
+    text = fake_prompt(20, 1) + [0]  # "a" pending
+    source = draft_of(constraint)
+    (cand,) = source.propose(text, Budget(8), GREEDY, np.random.default_rng(0)).candidates
+    assert cand.tokens[:3] == (1, 2, 3) and cand.evidence[:3] == (LEAD,) * 3
+    after = constraint.fork()
+    for x in (1, 2, 3):
+        after.advance(x)
+    assert list(cand.tokens[3:]) == masked_greedy(text + [1, 2, 3], 5, after)
+    assert set(cand.evidence) <= set(draft_model.PLUGIN.priors)
+    assert source.drafts.ctx.decodes == [len(text) + 3] + [1] * 4  # catch-up, pending and forced in one
+    assert constraint.forced() == [1, 2, 3] and constraint.valid(cand.tokens) == 8
+    (free,) = draft_of().propose(text, Budget(8), GREEDY, np.random.default_rng(0)).candidates
+    assert constraint.valid(free.tokens) < 3  # without the grammar, the draft drafts what it forbids
+    # sampled: a point mass on each forced token, then q over the allowed tokens only
+    (cand,) = draft_of(constraint, sharp=False).propose(text, Budget(8), SAMPLED, np.random.default_rng(0)).candidates
+    assert [q.ids.tolist() for q in cand.q[:3]] == [[1], [2], [3]] and len(cand.tokens) == 8
+    check = constraint.fork()
+    for x, q in zip(cand.tokens, cand.q):
+        assert check.allowed()[q.ids[q.probs > 0]].all() and abs(q.probs.sum() - 1) < 1e-9
+        check.advance(x)
+
+
+# letters in turn, "c" forced third: the draft drafts the 2nd token, takes the 3rd, drafts the 4th
+FORCED_THIRD = 'root ::= [a-e] [f-j] "c" ([f-j] [a-e])+'
+
+
+def allowed_forced_third(i: int) -> np.ndarray:
+    ok = np.zeros(V, dtype=bool)
+    if i == 2:
+        ok[2] = True
+    else:
+        ok[0:5] = i % 2 == 0
+        ok[5:10] = i % 2 == 1
+    ok[EOS] = i >= 5 and i % 2 == 1
+    return ok
+
+
+def test_constrained_sampling_with_the_draft_model_following_the_grammar_is_exact():
+    """The draft model (the fake target blurred) under the grammar, asked every step: the 2nd and
+    4th tokens are distributed as the constrained target's p(x1 | x0) p(x3 | x0 x1 c), summed over x0."""
+    prompt = [3, 5, 7, 3, 5, 8, 3, 5]
+    n = 4000
+    ctx = FakeContext(n_ctx=4096, n_batch=64, n_seq_max=4, sharp=False)
+    drafts = DraftSequences(BlurredContext(n_ctx=4096, n_batch=64, n_seq_max=1, sharp=False))
+    sched = Scheduler(Engine(ctx, 1), FakeModel(), lambda text: [DraftModelSource(drafts, text.lane, DraftConfig(
+        draft_max=4), text.constraint)], Planner(CHEAP_DRAFT), ctx.n_ctx, ctx.n_ctx, exclusive=True, grammars=VOCAB)
+    counts, drafted = collections.Counter(), 0
+    for seed in range(n):
+        request = Request(prompt, make_config(max_tokens=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                              seed=seed, grammar=FORCED_THIRD))
+        sched.run(request)
+        (result,) = request.results
+        assert result.tokens[2] == 2
+        counts[(result.tokens[1], result.tokens[3])] += 1
+        drafted += result.stats.sources["draft"].drafted
+    assert drafted > n  # the draft drafted (and took "c") in most texts
+    assert_distributed(counts, constrained_pairs(prompt, allowed_forced_third, SAMPLED, between=[2]), n)
 
 
 def test_a_grammar_that_does_not_parse_is_one_line():

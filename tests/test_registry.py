@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llamaspec import ConfigError, SamplingConfig, SpecConfig
-from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal, Source
+from llamaspec.sources.base import LEAD, Budget, Candidate, Outcome, Proposal, Source
 from llamaspec.sources.consensus import Siblings
 from llamaspec.sources.draft_model import PLUGIN as DRAFT
 from llamaspec.sources.ngram_cache import NgramCache, NgramCaches
@@ -91,7 +91,8 @@ def keys_given(source: Source, prompt: List[int], answer: List[int], rider: bool
 def test_every_evidence_key_a_source_gives_has_a_prior():
     """Each built-in source, built by the registry and run over recorded answers, gives only keys
     its plugin declares a prior for (the acceptance model refuses any other); the draft model's
-    deciles all have one. (The grammar's keys, which need a model's vocabulary: test_grammar_real.py.)"""
+    deciles and the grammar's forced tokens before a candidate (LEAD, where the speculator puts
+them) all have one. (The grammar's keys, which need a model's vocabulary: test_grammar_real.py.)"""
     for name, item in list(ANSWERS.items())[:3]:
         prompt, answer = item["prompt"], item["answer"]
         board = Siblings(2, len(prompt))
@@ -103,11 +104,12 @@ def test_every_evidence_key_a_source_gives_has_a_prior():
         for plugin in REGISTRY.plugins:
             if plugin.name in ("draft", "grammar"):
                 continue
-            keys = keys_given(plugin.build(loaded, text), prompt, answer, rider=True)
+            source = plugin.build(loaded, text)
+            keys = keys_given(source, prompt, answer, rider=True)
             assert keys, f"{plugin.name} proposed nothing on {name}"
-            missing = keys - set(plugin.priors)
+            missing = (keys | ({LEAD} if source.past_forced else set())) - set(plugin.priors)
             assert not missing, f"{plugin.name} gave keys without a prior: {sorted(map(repr, missing))[:5]}"
-    assert set(range(11)) <= set(DRAFT.priors)
+    assert set(range(11)) | {LEAD} <= set(DRAFT.priors)
 
 
 def test_priors_are_probabilities():

@@ -9,6 +9,15 @@ The engine (a real target) and the replay harness (a recorded answer) both drive
 Cheap sources (lookup, n-gram caches, lookahead) propose every step that asks (every step,
 unless asking has not been paying for its own time: see Gate). An expensive one (a draft model)
 is asked only when the planner expects it to pay; otherwise ``idle`` says why.
+
+Where the text's grammar forces the next tokens (its lead), every candidate begins with them;
+a source that reads nothing but the tokens it is given (``Source.past_forced``: lookup, the
+n-gram caches) is asked after them, so that what it finds goes on past the lead::
+
+    text                    [{"id": 7, "city": "Oslo"}, {"     pending token: {"
+    lead                                                 id      the grammar forces it
+    lookup, after text+lead                                ": 7, "city": "Oslo"}    what followed id before
+    candidate                                            id": 7, "city": "Oslo"}
 """
 
 from __future__ import annotations
@@ -21,8 +30,9 @@ import numpy as np
 
 from .acceptance_model import AcceptanceModel
 from ..grammar import Constraint
-from ..sources.base import Budget, Candidate, Outcome, Rider, Source
+from ..sources.base import LEAD, Budget, Candidate, Outcome, Rider, Source
 from ..config import SamplingConfig
+from ..sampling import Distribution
 from .costs import CostModel
 from .gate import Gate
 from .planner import Choice, Limits, Planner
@@ -89,12 +99,20 @@ class Speculator:
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None
         budget = Budget(limits.max_depth, MAX_CANDIDATES)
+        lead = constraint.forced()[:limits.max_depth - 1] if constraint is not None and limits.max_depth > 1 else []
         if limits.max_depth > 0:
             for source in self.sources:
-                if not source.expensive:
+                if source.expensive:
+                    continue
+                if lead and source.past_forced:
+                    proposal = source.propose(list(tokens) + lead, replace(budget, max_len=budget.max_len - len(lead)),
+                                              sampling, rng)
+                    proposed = [_led(lead, c) for c in proposal.candidates]
+                else:
                     proposal = source.propose(tokens, budget, sampling, rng)
-                    candidates += [c for c in map(admit, proposal.candidates) if c is not None]
-                    rider = proposal.rider or rider
+                    proposed = list(proposal.candidates)
+                candidates += [c for c in map(admit, proposed) if c is not None]
+                rider = proposal.rider or rider
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
         rates = [rate_of(c) for c in candidates]
@@ -133,6 +151,12 @@ class Speculator:
 
     def contexts(self) -> list:
         return [ctx for source in self.sources for ctx in source.contexts()]
+
+
+def _led(lead: Sequence[int], cand: Candidate) -> Candidate:
+    """``cand``, proposed after the ``lead`` the grammar forces, with the lead before it."""
+    q = None if cand.q is None else tuple(map(Distribution.point, lead)) + cand.q
+    return Candidate(tuple(lead) + cand.tokens, cand.source, (LEAD,) * len(lead) + cand.evidence, q)
 
 
 def _until_end(cand: Candidate, ends: FrozenSet[int]) -> Candidate:

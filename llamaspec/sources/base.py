@@ -33,6 +33,17 @@ RiderRow = Tuple[int, int, Tuple[int, ...], bool]
 
 
 @dataclass(frozen=True)
+class Lead:
+    """Evidence of a token the text's grammar forces at its position: a candidate that goes on
+    past the grammar's forced tokens begins with them (see ``Source.past_forced``)."""
+
+
+LEAD = Lead()
+# The prior of a forced token, whatever source's candidate it leads (the grammar's own are accepted as often).
+LEAD_PRIOR = 0.9
+
+
+@dataclass(frozen=True)
 class Candidate:
     """Tokens a source proposes to follow the text.
 
@@ -133,12 +144,16 @@ class Source:
     ``name``: its name in ``--spec``, the statistics and the acceptance model. ``max_len``: the
     longest candidate it proposes, where it has a limit of its own (0: the budget's). ``expensive``: proposing costs time before anything is known
     of the proposal (a draft model's decodes, on its own cost curve named after it), so the
-    planner decides first whether to ask it (``Planner.ask``), from ``lag``.
+    planner decides first whether to ask it (``Planner.ask``), from ``lag``. ``past_forced``: it
+    reads nothing but the tokens it is given, so where the text's grammar forces the next tokens
+    the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
+    before its candidates (evidence ``LEAD``, which its plugin gives a prior).
     """
 
     name: str = ""
     max_len: int = 0
     expensive: bool = False
+    past_forced: bool = False
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:

@@ -16,19 +16,30 @@ of its text (the samples of one prompt read it once).
 Evidence: the decile ``round(10 * c)`` of c, the draft's top probability at that position
 (with sampling, the top probability of q after the sampler's transform). It depends on q only,
 never on the token drawn from it, so choosing tokens by it keeps speculative sampling exact.
+
+Under a grammar (a request's JSON schema), the draft follows its own copy of the text's grammar
+state: q is the draft's distribution over the tokens the grammar allows, and where the grammar
+forces the next tokens the draft takes them (evidence ``LEAD``, a point mass for q) and reads
+them in the decode it makes anyway, then drafts on after them::
+
+    text so far (pending token last)   {"name": "Ada", "
+    the grammar forces                 age":              taken: evidence LEAD
+    the draft drafts                    36}               q over what the grammar allows
+    draft decodes                      [catch-up, pending, age":] [ 36]
 """
 
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..llama.binding import Context, KVSequence
-from .base import Budget, Candidate, Proposal, Source
+from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Evidence, Proposal, Source
 from .registry import Need, Plugin
 from ..config import DraftConfig, SamplingConfig
+from ..grammar import Constraint
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
 
@@ -48,11 +59,13 @@ class DraftModelSource(Source):
     name = NAME
     expensive = True
 
-    def __init__(self, drafts: "DraftSequences", lane: int, config: DraftConfig) -> None:
+    def __init__(self, drafts: "DraftSequences", lane: int, config: DraftConfig,
+                 constraint: Optional[Constraint] = None) -> None:
         self.drafts = drafts
         self.ctx = drafts.sequence(lane)
         self.config = config
         self.max_len = config.draft_max
+        self.constraint = constraint
 
     def lag(self, tokens: Sequence[int]) -> int:
         """Accepted tokens (the pending one aside) the draft's cache does not hold (nor another
@@ -65,15 +78,29 @@ class DraftModelSource(Source):
         max_len = min(budget.max_len, cfg.draft_max, self.ctx.n_ctx - len(tokens))
         if max_len < max(1, cfg.draft_min):
             return Proposal()
+        grammar = self.constraint.fork() if self.constraint is not None else None
         decodes: List[Tuple[int, float]] = []
         keep = self.drafts.follow(self.ctx, tokens[:-1])
-        self._eval(tokens[keep:], decodes)  # the catch-up and the pending token, one batch
+        batch = list(tokens[keep:])  # the catch-up and the pending token: one decode
         drafted: List[int] = []
-        deciles: List[int] = []
+        keys: List[Evidence] = []
         qs: List[Distribution] = []
         path = 1.0  # estimated chance that every token drafted so far is accepted
         while True:
+            # what the grammar forces next is taken as it is and read in the same decode
+            forced = grammar.forced()[:max_len - len(drafted)] if grammar is not None else []
+            for x in forced:
+                grammar.advance(x)
+                path *= budget.rates.get(LEAD, LEAD_PRIOR)
+            drafted += forced
+            keys += [LEAD] * len(forced)
+            qs += [Distribution.point(x) for x in forced]
+            if len(drafted) == max_len:
+                break
+            self._eval(batch + forced, decodes)
             logits = self.ctx.logits_ith(-1)
+            if grammar is not None:
+                logits = grammar.mask(logits)  # q is the draft's over what the grammar allows
             if sampling.greedy:
                 q = None
                 confidence = top_probability(logits)
@@ -87,15 +114,17 @@ class DraftModelSource(Source):
                 break
             x = int(logits.argmax()) if q is None else sample(q, rng)
             drafted.append(x)
-            deciles.append(decile)
+            keys.append(decile)
             if q is not None:
                 qs.append(q)
+            if grammar is not None:
+                grammar.advance(x)
             if len(drafted) == max_len:
                 break
-            self._eval([x], decodes)
+            batch = [x]
         if not drafted or len(drafted) < cfg.draft_min:
             return Proposal(decodes=tuple(decodes))
-        cand = Candidate(tuple(drafted), self.name, tuple(deciles), None if sampling.greedy else tuple(qs))
+        cand = Candidate(tuple(drafted), self.name, tuple(keys), None if sampling.greedy else tuple(qs))
         return Proposal((cand,), decodes=tuple(decodes))
 
     def _eval(self, tokens: Sequence[int], decodes: List[Tuple[int, float]]) -> None:
@@ -139,6 +168,6 @@ class DraftSequences:
 
 
 PLUGIN = Plugin(
-    NAME, lambda loaded, text: DraftModelSource(loaded.drafts, text.lane, loaded.draft),
-    {decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, overall=0.6,
+    NAME, lambda loaded, text: DraftModelSource(loaded.drafts, text.lane, loaded.draft, text.constraint),
+    {**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, LEAD: LEAD_PRIOR}, overall=0.6,
     needs=frozenset({Need.DRAFT_MODEL}), describe="the draft model alone")

@@ -34,7 +34,7 @@ from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple,
 
 import numpy as np
 
-from .base import LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
+from .base import LEAD, LEAD_PRIOR, LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
 from .registry import Plugin
 from ..config import SamplingConfig
 from ..sequences import common_prefix
@@ -398,6 +398,7 @@ class LookupSource(Source):
     """Prompt lookup as a draft source: the prompt, the output so far and references."""
 
     name = "lookup"
+    past_forced = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
                  max_len: int = 31, piece: Optional[Callable[[int], bytes]] = None) -> None:
@@ -463,6 +464,7 @@ def _priors() -> Dict[Evidence, float]:
             priors[Matched(support, length)] = p
             alone = support == 1 and length >= OWN_MATCH and length in _MATCH[support]
             priors[Matched(support, length, own=True)] = OWN_FACTOR * p if alone else OTHER
+    priors[LEAD] = LEAD_PRIOR
     return priors
 
 

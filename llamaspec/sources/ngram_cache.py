@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .base import Budget, Candidate, Proposal, Source
+from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Proposal, Source
 from ..config import MAX_CACHE_BYTES, check_readable
 from .registry import Need, Plugin
 from ..config import SamplingConfig
@@ -449,6 +449,7 @@ class CacheSource(Source):
     llama.cpp's rule. Evidence: the token's position in the draft (0, 1, LAST_POSITION and on)."""
 
     name = "cache"
+    past_forced = True
 
     def __init__(self, caches: NgramCaches, max_len: int = 31) -> None:
         self.caches = caches
@@ -470,5 +471,5 @@ class CacheSource(Source):
 LAST_POSITION = 2
 PLUGIN = Plugin(
     "cache", lambda loaded, text: CacheSource(loaded.caches.session(), loaded.lookup.draft_max),
-    {0: 0.25, 1: 0.3, 2: 0.35}, overall=0.3, needs=frozenset({Need.CACHE_FILES}), joins="lookup",
+    {0: 0.25, 1: 0.3, 2: 0.35, LEAD: LEAD_PRIOR}, overall=0.3, needs=frozenset({Need.CACHE_FILES}), joins="lookup",
     describe="llama.cpp's n-gram cache files (llama-lookup's)")
