@@ -23,9 +23,9 @@ forces the next tokens the draft takes them (evidence ``LEAD``, a point mass for
 them in the decode it makes anyway, then drafts on after them::
 
     text so far (pending token last)   {"name": "Ada", "
-    the grammar forces                 age":              taken: evidence LEAD
-    the draft drafts                    36}               q over what the grammar allows
-    draft decodes                      [catch-up, pending, age":] [ 36]
+    the grammar forces                 age                taken: evidence LEAD
+    the draft drafts                      ": 36,          q over what the grammar allows
+    draft decodes                      [catch-up, pending, age] [":] [ ] [3] [6]
 """
 
 from __future__ import annotations
