@@ -186,6 +186,7 @@ class Constraint:
         from llguidance import LLMatcher
         self.grammar, self.vocab = grammar, vocab
         self.seconds = 0.0
+        self._forced: Optional[List[int]] = None  # forced() here, until the text moves on
         self._matcher = _matcher if _matcher is not None else LLMatcher(vocab.tokenizer, grammar.compiled, log_level=0)
         self._check()
 
@@ -226,12 +227,16 @@ class Constraint:
     def advance(self, token: int) -> None:
         """The text goes on with ``token`` (which the grammar must allow)."""
         self._matcher.consume_token(token)
+        self._forced = None
         self._check()
 
     @_timed
     def forced(self) -> List[int]:
-        """The tokens that must come next whatever the model says (empty where there is a choice)."""
-        return list(self._matcher.compute_ff_tokens())
+        """The tokens that must come next whatever the model says (empty where there is a choice).
+        Found once per place in the text: the speculator and the grammar source both ask."""
+        if self._forced is None:
+            self._forced = list(self._matcher.compute_ff_tokens())
+        return list(self._forced)
 
     @_timed
     def spelled(self, forced: Sequence[int]) -> List[int]:

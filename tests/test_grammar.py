@@ -77,6 +77,20 @@ def test_the_mask_follows_the_grammar_state():
         c.advance(9)
 
 
+def test_the_forced_tokens_follow_the_text_and_its_forks():
+    """forced() is found once per place in the text: it moves on with the text, and a fork's
+    moves leave the text's own forced tokens as they were."""
+    c = fake_constraint(FORCING)
+    c.advance(0)
+    assert c.forced() == [1, 2, 3] and c.forced() == [1, 2, 3]
+    ahead = c.fork()
+    ahead.advance(1)
+    assert ahead.forced() == [2, 3] and c.forced() == [1, 2, 3]
+    for x in (1, 2, 3):
+        c.advance(x)
+    assert c.forced() == []
+
+
 def test_constrained_greedy_through_the_engine_is_plain_constrained_greedy():
     """Lookup and an oracle of the unconstrained target propose tokens the grammar forbids; they
     are cut before verification, never accepted, and the text is plain constrained greedy."""

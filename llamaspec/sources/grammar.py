@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Budget, Candidate, Proposal, Source
+from .base import LEAD_PRIOR, Budget, Candidate, Proposal, Source
 from ..config import SamplingConfig
 from ..grammar import Constraint
 from .registry import Need, Plugin
@@ -60,5 +60,5 @@ class GrammarSource(Source):
 
 PLUGIN = Plugin(
     NAME, lambda loaded, text: GrammarSource(text.constraint),
-    {**{Forced(i): 0.9 for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
+    {**{Forced(i): LEAD_PRIOR for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
     overall=0.8, needs=frozenset({Need.GRAMMAR}), describe="what a request's grammar forces next")
