@@ -34,7 +34,7 @@ from llamaspec.sources.lookup import LookupSource
 
 from fakes import EOS, V, FakeContext, FakeModel, check_kv, copying_prompt, fake_prompt, logits_of
 from test_engine import GREEDY, Oracle, StepLog, engine, second_and_third_tokens
-from test_lanes import CHEAP_DRAFT, BlurredContext
+from test_lanes import BlurredContext, cheap_draft
 
 # letters a-e and f-j in turn, at least one pair: the state depends on the text so far
 ALTERNATING = 'root ::= ([a-e] [f-j])+'
@@ -296,7 +296,7 @@ def test_constrained_sampling_with_the_draft_model_following_the_grammar_is_exac
     ctx = FakeContext(n_ctx=4096, n_batch=64, n_seq_max=4, sharp=False)
     drafts = DraftSequences(BlurredContext(n_ctx=4096, n_batch=64, n_seq_max=1, sharp=False))
     sched = Scheduler(Engine(ctx, 1), FakeModel(), lambda text: [DraftModelSource(drafts, text.lane, DraftConfig(
-        draft_max=4), text.constraint)], Planner(CHEAP_DRAFT), ctx.n_ctx, ctx.n_ctx, exclusive=True, grammars=VOCAB)
+        draft_max=4), text.constraint)], Planner(cheap_draft()), ctx.n_ctx, ctx.n_ctx, exclusive=True, grammars=VOCAB)
     counts, drafted = collections.Counter(), 0
     for seed in range(n):
         request = Request(prompt, make_config(max_tokens=4, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,

@@ -73,8 +73,11 @@ def alone(prompt, config, sources=(), ctx=None) -> List[int]:
     return request.results[0].tokens
 
 
-# A draft model that costs a tenth of the target per token, on a flat curve: worth asking every step.
-CHEAP_DRAFT = CostModel(CostCurve([1.0] * 32, 10.0, 1, "ideal"), {"draft": CostCurve([1.0] * 32, 1.0, 1, "ideal")})
+def cheap_draft() -> CostModel:
+    """A draft model that costs a tenth of the target per token, on a flat curve: worth asking
+    every step. A new one per scheduler: a cost model learns from the decodes it sees, and one
+    shared by several tests carried what one test's fakes measured into the next."""
+    return CostModel(CostCurve([1.0] * 32, 10.0, 1, "ideal"), {"draft": CostCurve([1.0] * 32, 1.0, 1, "ideal")})
 
 
 def check_drafts(drafts: DraftSequences, engine: Engine) -> None:
@@ -219,7 +222,7 @@ def test_the_draft_model_drafts_in_every_lane_on_a_sequence_of_its_own():
     every step, and the text is plain greedy decoding's."""
     ctx = FakeContext(n_ctx=2048, n_batch=256, n_seq_max=12)
     drafts = DraftSequences(FakeContext(n_ctx=2048, n_batch=256, n_seq_max=3))
-    sched = scheduler(ctx, 3, CHEAP_DRAFT, consensus=False, lookup=False, drafts=drafts)
+    sched = scheduler(ctx, 3, cheap_draft(), consensus=False, lookup=False, drafts=drafts)
     prompts = [fake_prompt(30, 1), fake_prompt(40, 2), fake_prompt(30, 1)]  # the third shares the first's
     requests = [Request(p, make_config(max_tokens=24, temperature=0)) for p in prompts]
     for r in requests:
@@ -285,7 +288,7 @@ def test_each_sample_is_distributed_as_the_target(position, draft):
     counts = np.zeros((3, V))
     ctx = FakeContext(n_ctx=4096, n_batch=64, n_seq_max=12, sharp=False)
     drafts = DraftSequences(BlurredContext(n_ctx=4096, n_batch=64, n_seq_max=3, sharp=False)) if draft else None
-    sched = scheduler(ctx, 3, CHEAP_DRAFT if draft else FLAT, drafts=drafts)
+    sched = scheduler(ctx, 3, cheap_draft() if draft else FLAT, drafts=drafts)
     drafted = [0, 0, 0]
     for seed in range(700):
         request = Request(prompt, make_config(max_tokens=position + 1, temperature=1.0, top_k=0, top_p=1.0,
