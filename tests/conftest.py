@@ -128,6 +128,23 @@ def qwen_auto(module_spec) -> LlamaSpec:
     return module_spec(QWEN, QWEN_DRAFT)
 
 
+@pytest.fixture(scope="session")
+def plain_greedy():
+    """Plain greedy decoding's result, each (model, prompt, length) decoded once for the whole
+    suite from an empty cache (the prompt read in one batch, as llama.cpp's programs read it):
+    the reference that many tests compare with. ``plain``: a ``spec="none"`` LlamaSpec."""
+    done = {}
+
+    def get(plain: LlamaSpec, prompt: str, max_tokens: int):
+        assert plain.spec_name == "plain", plain.spec_name
+        key = (plain.model.path, prompt, max_tokens)
+        if key not in done:
+            plain.reset()
+            done[key] = plain.generate(prompt, max_tokens=max_tokens, temperature=0)
+        return done[key]
+    return get
+
+
 @pytest.fixture(scope="module")
 def smol_plain(module_spec) -> LlamaSpec:
     return module_spec(SMOL, spec="none")

@@ -56,10 +56,9 @@ def run(cmd):
 
 
 @pytest.mark.parametrize("i", range(len(RAW)))
-def test_plain_is_llama_completion(qwen_plain, model_file, tmp_path, i):
+def test_plain_is_llama_completion(qwen_plain, plain_greedy, model_file, tmp_path, i):
     prompt = RAW[i]
-    qwen_plain.reset()  # a fresh cache: the prompt in one batch, as the program evaluates it
-    ours = qwen_plain.generate(prompt, max_tokens=N, temperature=0)
+    ours = plain_greedy(qwen_plain, prompt, N)  # from a fresh cache, as the program evaluates it
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(prompt + "\n")  # llama.cpp drops one trailing newline of -f
     out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
@@ -70,11 +69,10 @@ def test_plain_is_llama_completion(qwen_plain, model_file, tmp_path, i):
 
 
 @pytest.mark.parametrize("i", range(len(RAW)))
-def test_plain_is_llama_simple(qwen_plain, model_file, i):
+def test_plain_is_llama_simple(qwen_plain, plain_greedy, model_file, i):
     assert weight_repacking(), "llama-simple repacks weights: build llama-cpp-python as the README says (no AMX)"
     prompt = RAW[i]
-    qwen_plain.reset()
-    ours = qwen_plain.generate(prompt, max_tokens=N, temperature=0)
+    ours = plain_greedy(qwen_plain, prompt, N)
     out = run([program("llama-simple"), "-m", str(model_file(QWEN)), "-n", str(N), prompt])
     echo = qwen_plain.detokenize(qwen_plain.tokenize(prompt))  # it prints the prompt's tokens first
     assert out.startswith(echo) and out.endswith("\n")

@@ -38,9 +38,9 @@ def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKEN
 
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
-def test_qwen_pair_greedy_equals_plain(qwen_plain, qwen_pair, reference, i):
+def test_qwen_pair_greedy_equals_plain(qwen_plain, plain_greedy, qwen_pair, reference, i):
     prompt = PROMPTS[i]
-    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    plain = plain_greedy(qwen_plain, prompt, N_TOKENS)
     spec = qwen_pair.generate(prompt, max_tokens=N_TOKENS, temperature=0)
     assert spec.stats.n_drafted > 0 and spec.stats.n_accept > 0
     compared, _ = check_greedy(reference(QWEN), qwen_pair.tokenize(prompt), plain.tokens, spec.tokens,
@@ -60,10 +60,10 @@ def test_smollm2_self_draft_greedy_equals_plain(smol_plain, smol_self, reference
 
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
-def test_qwen_auto_greedy_equals_plain(qwen_plain, qwen_auto, reference, i):
+def test_qwen_auto_greedy_equals_plain(qwen_plain, plain_greedy, qwen_auto, reference, i):
     """What `llamaspec chat` runs by default: every source, the draft model included."""
     prompt = PROMPTS[i]
-    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+    plain = plain_greedy(qwen_plain, prompt, N_TOKENS)
     spec = qwen_auto.generate(prompt, max_tokens=N_TOKENS, temperature=0)
     compared, _ = check_greedy(reference(QWEN), qwen_auto.tokenize(prompt), plain.tokens, spec.tokens,
                                f"qwen auto, prompt {i}")

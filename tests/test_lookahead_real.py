@@ -53,8 +53,8 @@ def test_smollm2_fixed_window_greedy_equals_plain(smol_plain, smol_fixed, refere
 
 
 @pytest.mark.parametrize("prompt", [CODE_EDIT, OPEN_CHAT], ids=["code-edit", "open-chat"])
-def test_qwen_lookahead_greedy_equals_plain(qwen_plain, qwen_lookahead, reference, prompt):
-    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+def test_qwen_lookahead_greedy_equals_plain(qwen_plain, plain_greedy, qwen_lookahead, reference, prompt):
+    plain = plain_greedy(qwen_plain, prompt, N_TOKENS)
     spec = qwen_lookahead.generate(prompt, max_tokens=N_TOKENS, temperature=0)
     compared, _ = check_greedy(reference(QWEN), qwen_lookahead.tokenize(prompt), plain.tokens, spec.tokens,
                                "qwen lookahead (defaults)")

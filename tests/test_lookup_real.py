@@ -38,8 +38,8 @@ def check_stats(stats: Stats, n_tokens: int):
 
 
 @pytest.mark.parametrize("prompt", [CODE_EDIT, OPEN_CHAT], ids=["code-edit", "open-chat"])
-def test_qwen_lookup_greedy_equals_plain(qwen_plain, qwen_lookup, reference, prompt):
-    plain = qwen_plain.generate(prompt, max_tokens=N_TOKENS, temperature=0)
+def test_qwen_lookup_greedy_equals_plain(qwen_plain, plain_greedy, qwen_lookup, reference, prompt):
+    plain = plain_greedy(qwen_plain, prompt, N_TOKENS)
     spec = qwen_lookup.generate(prompt, max_tokens=N_TOKENS, temperature=0)
     compared, _ = check_greedy(reference(QWEN), qwen_lookup.tokenize(prompt), plain.tokens, spec.tokens,
                                "qwen lookup")

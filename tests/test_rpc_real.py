@@ -19,9 +19,10 @@ from openai import OpenAI
 import llamaspec
 from llamaspec import DraftConfig, LlamaSpec, ModelConfig, ModelError, RemoteError, SpecConfig
 from llamaspec.llama import models, remote
+from llamaspec.llama.binding import quantize
 from llamaspec.measure.compare import default_bin_dir, find_program
 
-from conftest import QWEN, QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
+from conftest import QWEN_DRAFT, SMOL, THREADS, assert_one_line_error, run
 from test_server_real import Server, free_port
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_cpp.sh"
@@ -80,13 +81,14 @@ def endpoints(servers):
     return [s.endpoint for s in servers]
 
 
-def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_servers, qwen_plain):
-    """Qwen2.5-Coder-1.5B's layers on two rpc-servers: the text of plain decoding and of auto is
-    the local plain run's; the costs are measured and cached for that placement."""
+def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_servers, module_spec):
+    """Qwen2.5-Coder-0.5B's layers on two rpc-servers (one thread each: the 1.5B took minutes
+    there): the text of plain decoding and of auto is the local
+    plain run's; the costs are measured and cached for that placement."""
     prompt = "def quicksort(items):\n"
-    local = qwen_plain.generate(prompt, max_tokens=32, temperature=0).text
+    local = module_spec(QWEN_DRAFT, spec="none").generate(prompt, max_tokens=32, temperature=0).text
     for spec in ("none", "auto"):
-        with llamaspec.load(str(model_file(QWEN)), spec=spec, rpc=endpoints(rpc_servers), n_threads=THREADS,
+        with llamaspec.load(str(model_file(QWEN_DRAFT)), spec=spec, rpc=endpoints(rpc_servers), n_threads=THREADS,
                             n_ctx=1024, progress=False) as placed:
             assert placed.model.rpc == tuple(endpoints(rpc_servers))
             assert placed.generate(prompt, max_tokens=32, temperature=0).text == local, spec
@@ -94,24 +96,28 @@ def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_serve
     assert any("RPC[127.0.0.1:" in key for key in table), list(table)
 
 
-def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_servers):
-    """--rpc-draft: the 0.5B draft beside its 1.5B target on the same servers (one client: an
-    rpc-server serves one at a time), its KV-cache sequences in the worker too, verified every
-    step: the text of plain decoding on the same servers (the servers' kernels are not this
-    process's: at a near-tie the local text may differ)."""
+def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_servers, tmp_path):
+    """--rpc-draft: a draft beside its target on the same servers (one client: an rpc-server
+    serves one at a time), its KV-cache sequences in the worker too, verified every step: the
+    text of plain decoding on the same servers (the servers' kernels are not this process's: at
+    a near-tie the local text may differ). The target is Qwen2.5-Coder-0.5B and the draft the
+    same model made Q2_K with llama.cpp's quantizer (the 1.5B target took minutes on these
+    one-thread servers); the draft is rejected somewhere, so the caches are cut there."""
     prompt = "def fibonacci(n):"
+    target, draft = model_file(QWEN_DRAFT), tmp_path / "draft.Q2_K.gguf"
+    quantize(target, draft, "Q2_K", THREADS)
     placed_on = dict(rpc=tuple(endpoints(rpc_servers)), n_threads=THREADS, n_ctx=1024)
-    with llamaspec.load(str(model_file(QWEN)), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=1024,
+    with llamaspec.load(str(target), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=1024,
                         progress=False) as plain:
         expected = plain.generate(prompt, max_tokens=24, temperature=0).text
-    with LlamaSpec(ModelConfig(str(model_file(QWEN)), **placed_on), ModelConfig(str(model_file(QWEN_DRAFT)), **placed_on),
+    with LlamaSpec(ModelConfig(str(target), **placed_on), ModelConfig(str(draft), **placed_on),
                    DraftConfig(draft_max=4, draft_p_min=0.0), progress=False,
                    spec=SpecConfig.parse("draft").with_fixed(frozenset({"draft"}))) as placed:
         assert placed.draft_model.rpc == tuple(endpoints(rpc_servers))
         assert placed.draft_model.worker is placed.model.worker
         result = placed.generate(prompt, max_tokens=24, temperature=0)
         assert result.text == expected
-        assert result.stats.sources["draft"].drafted > 0
+        assert 0 < result.stats.n_accept < result.stats.n_drafted, result.stats.summary()
 
 
 def test_a_server_killed_mid_generation_ends_it_with_a_clear_error_keeping_its_text(model_file, rpc_servers,
