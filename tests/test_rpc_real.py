@@ -83,8 +83,8 @@ def endpoints(servers):
 
 def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_servers, module_spec):
     """Qwen2.5-Coder-0.5B's layers on two rpc-servers (one thread each: the 1.5B took minutes
-    there): the text of plain decoding and of auto is the local
-    plain run's; the costs are measured and cached for that placement."""
+    there): the text of plain decoding and of auto is the local plain run's; the costs are
+    measured and cached for that placement."""
     prompt = "def quicksort(items):\n"
     local = module_spec(QWEN_DRAFT, spec="none").generate(prompt, max_tokens=32, temperature=0).text
     for spec in ("none", "auto"):
