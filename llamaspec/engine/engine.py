@@ -9,8 +9,10 @@ lane count up) hold nothing; a lane's draft model, on sequence i of its own cont
 prefix of ``tokens[:-1]``. One step::
 
     a lane reading its prompt adds the next chunk of it
+    for each decoding lane, in turn: ask its sources (Speculator.propose)
+    the draft models asked draft, one draft decode a round for every lane (sources/rounds.py)
     for each decoding lane, in turn:
-        plan = its speculator's plan, its rows costing what they add to the rows before them
+        plan = its speculator's choice, its rows costing what they add to the rows before them
     pad the rows to the last decode's count where changing it costs more (planning/shape.py)
     target.decode(every lane's rows)                       # ONE llama_decode
     for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
@@ -68,6 +70,7 @@ from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout
 from ..sampling import TokenLogprob, logprob_of
 from ..sequences import common_prefix
+from ..sources import rounds
 from ..sources.base import Outcome
 from .target import Processor, Target, walk
 
@@ -284,15 +287,19 @@ class Engine:
             costs = order[0].speculator.costs if order else None
             if costs is not None:
                 self.shape.switch = costs.switch
-            for ln in order:
+            asked, t_ask = [], []
+            for ln in order:  # what is asked of the sources, before any lane's rows are laid out
                 t0 = time.perf_counter()
-                room = ln.limit - len(ln.tokens)
-                limits = Limits(max_depth=min(ln.left - 1, room), max_rows=min(target.n_batch - committed + 1, room + 1),
-                                room=room, max_leaves=min(self.max_leaves, len(free) + 1), base_rows=committed - 1,
-                                shape=self.shape.kept, switch=self.shape.switch)
-                plan = ln.speculator.plan(ln.tokens, limits, ln.sampling, ln.rng, ln.constraint)
+                asked.append(ln.speculator.propose(ln.tokens, self._limits(ln, committed, len(free)), ln.sampling,
+                                                   ln.rng, ln.constraint))
+                t_ask.append(time.perf_counter() - t0)
+            drafted = iter(rounds.together([drafting for a in asked for _, drafting in a.drafting]))
+            for ln, a, t in zip(order, asked, t_ask):
+                t0 = time.perf_counter()
+                own = [next(drafted) for _ in a.drafting]
+                plan = ln.speculator.choose(a, own, self._limits(ln, committed, len(free)))
                 mine = self._lay_out(ln, plan, free, n_out)
-                mine.t_plan = time.perf_counter() - t0
+                mine.t_plan = t + time.perf_counter() - t0 + plan.t_draft
                 used += mine.seqs[1:]
                 rows += mine.rows
                 laid.append(mine)
@@ -332,6 +339,13 @@ class Engine:
                 target.seq_rm(s, -1, -1)
             self._trim(touched)
         return emitted
+
+    def _limits(self, ln: Lane, committed: int, n_free: int) -> Limits:
+        """What lane ``ln`` may plan after ``committed`` rows, with ``n_free`` scratch sequences left."""
+        room = ln.limit - len(ln.tokens)
+        return Limits(max_depth=min(ln.left - 1, room), max_rows=min(self.target.n_batch - committed + 1, room + 1),
+                      room=room, max_leaves=min(self.max_leaves, n_free + 1), base_rows=committed - 1,
+                      shape=self.shape.kept, switch=self.shape.switch)
 
     def _pad(self, rows: List[Tuple[int, int, Tuple[int, ...], bool]], free: List[int], used: List[int],
              verify: Callable[[int], float]) -> None:

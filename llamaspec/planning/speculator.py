@@ -1,10 +1,17 @@
 """One step of speculation before and after the target's decode: ask the sources, plan, learn.
 
-The engine (a real target) and the replay harness (a recorded answer) both drive it::
+The replay harness (a recorded answer) drives it a step at a time::
 
     plan = speculator.plan(tokens, limits, sampling, rng)   # candidates -> what to verify
     ... verify plan.trie (and the rider) ...
     speculator.learn(outcome)                                # every part learns from one outcome
+
+and the engine (a real target, one lane or several) plans in two halves, so that the lanes'
+draft models draft together::
+
+    asked = speculator.propose(tokens, limits, sampling, rng)   # each lane's, in turn
+    drafted = rounds.together(every lane's asked.drafting)      # one draft decode a round
+    plan = speculator.choose(asked, drafted, limits)            # each lane's, in turn
 
 Cheap sources (lookup, n-gram caches, lookahead) propose every step that asks (every step,
 unless asking has not been paying for its own time: see Gate). An expensive one (a draft model)
@@ -22,7 +29,6 @@ n-gram caches) is asked after them, so that what it finds goes on past the lead:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -30,7 +36,8 @@ import numpy as np
 
 from .acceptance_model import AcceptanceModel
 from ..grammar import Constraint
-from ..sources.base import LEAD, Budget, Candidate, Outcome, Rider, Source
+from ..sources import rounds
+from ..sources.base import LEAD, Budget, Candidate, Drafting, Outcome, Proposal, Rider, Source
 from ..config import SamplingConfig
 from ..sampling import Distribution
 from .costs import CostModel
@@ -59,6 +66,28 @@ class Plan:
     asked: bool = True
 
 
+@dataclass(eq=False)
+class Asked:
+    """A step's sources asked, the expensive ones' drafting not run yet (the engine runs every
+    lane's together): the cheap sources' candidates and their estimated acceptance (``rates``),
+    lookahead's ``rider``, each expensive source asked and its ``drafting``, why the others
+    idle, the choice among the cheap candidates where an expensive source was considered,
+    ``admit`` (a candidate as the text's grammar and end tokens let it be verified) and
+    ``rate_of`` (a candidate's estimates). ``asked``: whether the sources were asked (see Gate)."""
+
+    tokens: Sequence[int]
+    limits: Limits
+    candidates: List[Candidate]
+    rates: List[List[float]]
+    rider: Optional[Rider]
+    drafting: List[Tuple[Source, Drafting]]
+    admit: Callable[[Candidate], Optional[Candidate]]
+    rate_of: Callable[[Candidate], List[float]]
+    idle: Dict[str, str] = field(default_factory=dict)
+    choice: Optional[Choice] = None
+    asked: bool = True
+
+
 class Speculator:
     """The sources, the acceptance model and the planner, for one text at a time. ``ends``:
     the tokens that end a generation; no candidate goes on past one (nothing after it is ever
@@ -79,11 +108,20 @@ class Speculator:
     def plan(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
              constraint: Optional[Constraint] = None,
              estimate: Optional[Callable[[Candidate], List[float]]] = None) -> Plan:
-        """What to verify after ``tokens``. ``constraint``: the grammar's state after them, where
-        the text has one: the target never takes a token the grammar forbids, so a candidate is
-        cut before its first such token; a sampled one (a draft model's) just after it, where
-        verifying rejects it (cutting a draw before a token drawn for it would bias what is
-        emitted there: the residual of speculative sampling is what keeps it exact).
+        """What to verify after ``tokens``, the expensive sources drafting here, alone (the engine
+        runs ``propose``, every lane's drafting together and ``choose`` itself)."""
+        asked = self.propose(tokens, limits, sampling, rng, constraint, estimate)
+        return self.choose(asked, rounds.together([drafting for _, drafting in asked.drafting]), limits)
+
+    def propose(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
+                constraint: Optional[Constraint] = None,
+                estimate: Optional[Callable[[Candidate], List[float]]] = None) -> "Asked":
+        """Ask the cheap sources for candidates after ``tokens``, and each expensive source the
+        planner expects to pay for its drafting. ``constraint``: the grammar's state after them,
+        where the text has one: the target never takes a token the grammar forbids, so a
+        candidate is cut before its first such token; a sampled one (a draft model's) just after
+        it, where verifying rejects it (cutting a draw before a token drawn for it would bias
+        what is emitted there: the residual of speculative sampling is what keeps it exact).
         ``estimate``: each candidate token's acceptance, in place of the acceptance model's (the
         replay's perfect estimates)."""
         def admit(cand: Candidate) -> Optional[Candidate]:
@@ -91,15 +129,15 @@ class Speculator:
             if constraint is None:
                 return cand
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
+        rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         limits = replace(limits, length=len(tokens))
         if not self.planner.fixed and not self.gate.ask(self.planner.plain_cost(limits)):
-            choice = self.planner.choose((), (), None, limits)
-            return Plan(Trie.build(tokens[-1], (), choice.lengths), (), choice.lengths, None, choice, asked=False)
-        rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
+            return Asked(tokens, limits, [], [], None, [], admit, rate_of, asked=False)
         candidates: List[Candidate] = []
         rider: Optional[Rider] = None
         budget = Budget(limits.max_depth, MAX_CANDIDATES)
         lead = constraint.forced()[:limits.max_depth - 1] if constraint is not None and limits.max_depth > 1 else []
+        expensive = [source for source in self.sources if source.expensive] if limits.max_depth > 0 else []
         if limits.max_depth > 0:
             for source in self.sources:
                 if source.expensive:
@@ -116,28 +154,40 @@ class Speculator:
         if rider is not None and max(row[1] for row in rider.rows) > limits.room:
             rider = None
         rates = [rate_of(c) for c in candidates]
-        choice = self.planner.choose(candidates, rates, rider, limits)
-        sunk, t_draft, idle = 0.0, 0.0, {}
-        for source in self.sources:
-            if not source.expensive or limits.max_depth <= 0:
-                continue
+        asked = Asked(tokens, limits, candidates, rates, rider, [], admit, rate_of)
+        if expensive:
+            asked.choice = self.planner.choose(candidates, rates, rider, limits)
+        for source in expensive:
             ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
-                                        source.max_len, candidates, rates, rider, limits, choice)
+                                        source.max_len, candidates, rates, rider, limits, asked.choice)
             if ask is None:
-                idle[source.name] = why
-                continue
-            t0 = time.perf_counter()
-            proposal = source.propose(tokens, replace(ask, rates=self.model.rates(source.name)), sampling, rng)
-            t_draft += time.perf_counter() - t0
+                asked.idle[source.name] = why
+            else:
+                budget = replace(ask, rates=self.model.rates(source.name))
+                asked.drafting.append((source, source.drafting(tokens, budget, sampling, rng)))
+        return asked
+
+    def choose(self, asked: "Asked", drafted: Sequence[Tuple[Proposal, float]], limits: Limits) -> Plan:
+        """What to verify, from what ``asked``'s sources proposed and what its expensive sources
+        drafted (each drafting's proposal and the seconds it is charged, see rounds.py).
+        ``limits``: the step's, now that the lanes planned before took their rows."""
+        limits = replace(limits, length=len(asked.tokens))
+        candidates, rates = list(asked.candidates), list(asked.rates)
+        sunk = 0.0
+        for (source, _), (proposal, _) in zip(asked.drafting, drafted):
             for n, seconds in proposal.decodes:
                 self.costs.observe(source.name, n, seconds, limits.length)
             sunk += self.costs.units(sum(seconds for _, seconds in proposal.decodes), limits.length)
-            for cand in filter(None, map(admit, proposal.candidates)):
+            for cand in filter(None, map(asked.admit, proposal.candidates)):
                 candidates.append(cand)
-                rates.append(rate_of(cand))
-            choice = self.planner.choose(candidates, rates, rider, limits, sunk)
-        trie = Trie.build(tokens[-1], candidates, choice.lengths)
-        return Plan(trie, tuple(candidates), choice.lengths, rider if choice.ride else None, choice, t_draft, idle)
+                rates.append(asked.rate_of(cand))
+        if asked.choice is not None and not asked.drafting and limits == asked.limits:
+            choice = asked.choice  # nothing drafted: the choice among the cheap candidates stands
+        else:
+            choice = self.planner.choose(candidates, rates, asked.rider, limits, sunk)
+        trie = Trie.build(asked.tokens[-1], candidates, choice.lengths)
+        return Plan(trie, tuple(candidates), choice.lengths, asked.rider if choice.ride else None, choice,
+                    sum(seconds for _, seconds in drafted), asked.idle, asked.asked)
 
     def learn(self, outcome: Outcome) -> None:
         self.model.learn(outcome)

@@ -16,7 +16,7 @@ scratch state from ``propose`` to ``learn``: the outcome holds every candidate o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Generator, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..config import SamplingConfig
 from ..sampling import Distribution
 
 if TYPE_CHECKING:
-    from ..llama.binding import Context
+    from ..llama.binding import Context, KVSequence
 
 # What a source saw behind one candidate token: the acceptance model keys its estimates on it.
 Evidence = Hashable
@@ -137,6 +137,24 @@ class Outcome:
         return len(self.emitted) - 1
 
 
+@dataclass(frozen=True)
+class Read:
+    """Tokens to append to a sequence, and read the logits after the last of them."""
+
+    seq: "KVSequence"
+    tokens: Tuple[int, ...]
+
+
+# yields what to read, is sent the logits after it, returns its proposal
+Drafting = Generator[Read, np.ndarray, Proposal]
+
+
+def done(proposal: Proposal) -> Drafting:
+    """A drafting that reads nothing: ``proposal``, known already."""
+    return proposal
+    yield  # (makes this a generator)
+
+
 class Source:
     """A draft source: everything the speculator and the engine call on one. A source that reads
     only the text overrides ``propose`` and, where it keeps memory, ``learn`` and ``finish``.
@@ -144,7 +162,8 @@ class Source:
     ``name``: its name in ``--spec``, the statistics and the acceptance model. ``max_len``: the
     longest candidate it proposes, where it has a limit of its own (0: the budget's). ``expensive``: proposing costs time before anything is known
     of the proposal (a draft model's decodes, on its own cost curve named after it), so the
-    planner decides first whether to ask it (``Planner.ask``), from ``lag``. ``past_forced``: it
+    planner decides first whether to ask it (``Planner.ask``), from ``lag``, and asks it through
+    ``drafting``, which the engine runs for every lane at once. ``past_forced``: it
     reads nothing but the tokens it is given, so where the text's grammar forces the next tokens
     the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
     before its candidates (evidence ``LEAD``, which its plugin gives a prior).
@@ -159,6 +178,13 @@ class Source:
                 rng: np.random.Generator) -> Proposal:
         """Candidates to follow ``tokens`` (its last token is pending, not yet in any cache)."""
         raise NotImplementedError
+
+    def drafting(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                 rng: np.random.Generator) -> "Drafting":
+        """An expensive source's proposal as rounds of decodes (see rounds.py), so that the lanes
+        of one step draft together: what the speculator asks an expensive source for. By
+        default its ``propose``, reading nothing."""
+        return done(self.propose(tokens, budget, sampling, rng))
 
     def lag(self, tokens: Sequence[int]) -> int:
         """Accepted tokens (the pending one aside) it must catch up on before proposing after

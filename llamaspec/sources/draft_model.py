@@ -11,7 +11,8 @@ asked next it catches up on every accepted token it missed in one batch, togethe
 pending token. Draft tokens the target accepted stay in its cache; the engine cuts the rest.
 Several texts decoded together (lanes) draft on one context, lane i on sequence i
 (``DraftSequences``); a lane catching up first takes over what another lane's sequence holds
-of its text (the samples of one prompt read it once).
+of its text. The lanes of one step draft together, one decode a round for all of them
+(``drafting``, run by rounds.py; the samples of one prompt read it once there).
 
 Evidence: the decile ``round(10 * c)`` of c, the draft's top probability at that position
 (with sampling, the top probability of q after the sampler's transform). It depends on q only,
@@ -30,14 +31,15 @@ them in the decode it makes anyway, then drafts on after them::
 
 from __future__ import annotations
 
-import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..llama.binding import Context, KVSequence
 from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Evidence, Proposal, Source
+from . import rounds
 from .registry import Need, Plugin
+from .base import Drafting, Read
 from ..config import DraftConfig, SamplingConfig
 from ..grammar import Constraint
 from ..sequences import common_prefix
@@ -74,14 +76,17 @@ class DraftModelSource(Source):
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
+        return rounds.alone(self.drafting(tokens, budget, sampling, rng))
+
+    def drafting(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                 rng: np.random.Generator) -> Drafting:
         cfg = self.config
         max_len = min(budget.max_len, cfg.draft_max, self.ctx.n_ctx - len(tokens))
         if max_len < max(1, cfg.draft_min):
             return Proposal()
         grammar = self.constraint.fork() if self.constraint is not None else None
-        decodes: List[Tuple[int, float]] = []
         keep = self.drafts.follow(self.ctx, tokens[:-1])
-        batch = list(tokens[keep:])  # the catch-up and the pending token: one decode
+        read = list(tokens[keep:])  # the catch-up and the pending token: one decode
         drafted: List[int] = []
         keys: List[Evidence] = []
         qs: List[Distribution] = []
@@ -97,8 +102,7 @@ class DraftModelSource(Source):
             qs += [Distribution.point(x) for x in forced]
             if len(drafted) == max_len:
                 break
-            self._eval(batch + forced, decodes)
-            logits = self.ctx.logits_ith(-1)
+            logits = yield Read(self.ctx, tuple(read + forced))
             if grammar is not None:
                 logits = grammar.mask(logits)  # q is the draft's over what the grammar allows
             if sampling.greedy:
@@ -121,16 +125,10 @@ class DraftModelSource(Source):
                 grammar.advance(x)
             if len(drafted) == max_len:
                 break
-            batch = [x]
+            read = [x]
         if not drafted or len(drafted) < cfg.draft_min:
-            return Proposal(decodes=tuple(decodes))
-        cand = Candidate(tuple(drafted), self.name, tuple(keys), None if sampling.greedy else tuple(qs))
-        return Proposal((cand,), decodes=tuple(decodes))
-
-    def _eval(self, tokens: Sequence[int], decodes: List[Tuple[int, float]]) -> None:
-        t0 = time.perf_counter()
-        self.ctx.eval(tokens, logits="last")
-        decodes.append((len(tokens), time.perf_counter() - t0))
+            return Proposal()
+        return Proposal((Candidate(tuple(drafted), self.name, tuple(keys), None if sampling.greedy else tuple(qs)),))
 
     def contexts(self) -> List[KVSequence]:
         return [self.ctx]
