@@ -73,3 +73,16 @@ def test_the_first_ask_s_time_is_left_out():
     gate.ask(PLAIN)
     gate.learn(0, PLAIN, 0.2)
     assert gate.time == 0.2
+
+
+def test_the_gain_is_weighed_against_a_plain_step_under_the_limits_the_step_is_planned_with():
+    """A lane's step is asked before the lanes before it lay out their rows and planned after:
+    its plain cost then is the one its planned cost is weighed against."""
+    gate = Gate()
+    gate.ask(PLAIN)
+    gate.plain(2 * PLAIN)  # the rows of the lanes before it make a row cost more
+    gate.learn(0, 2 * PLAIN, 0.0)  # a plain step, planned under those limits: no gain, no loss
+    assert gate.gain == Gate.DECAY * Gate.START_GAIN
+    gate.ask(PLAIN)
+    gate.learn(0, 2 * PLAIN, 0.0)  # the same step weighed against the plain cost it was asked with: a loss
+    assert gate.gain < Gate.DECAY ** 2 * Gate.START_GAIN

@@ -54,6 +54,11 @@ class Gate:
             self.skip -= 1
         return self.asked
 
+    def plain(self, plain_cost: float) -> None:
+        """A plain step's planned cost after all, where the step is planned with other limits than
+        it was asked with (the rows of the lanes laid out before it, known once they are)."""
+        self._plain = plain_cost
+
     def learn(self, accepted: int, cost: float, time: float, foresaw: bool = False) -> None:
         """The step under way accepted ``accepted`` candidate tokens for its planned ``cost``;
         asking took ``time`` (all in single-token decodes); ``foresaw``: a candidate held every

@@ -172,6 +172,8 @@ class Speculator:
         drafted (each drafting's proposal and the seconds it is charged, see rounds.py).
         ``limits``: the step's, now that the lanes planned before took their rows."""
         limits = replace(limits, length=len(asked.tokens))
+        if limits != asked.limits:  # the gate weighs this step's cost against a plain one's under the same limits
+            self.gate.plain(self.planner.plain_cost(limits))
         candidates, rates = list(asked.candidates), list(asked.rates)
         sunk = 0.0
         for (source, _), (proposal, _) in zip(asked.drafting, drafted):
