@@ -36,10 +36,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..llama.binding import Context, KVSequence
-from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Evidence, Proposal, Source
 from . import rounds
+from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
 from .registry import Need, Plugin
-from .base import Drafting, Read
 from ..config import DraftConfig, SamplingConfig
 from ..grammar import Constraint
 from ..sequences import common_prefix
