@@ -12,6 +12,7 @@ The package, layer by layer, in the order data flows through a step::
                model, sibling samples)
     planning/  acceptance estimates and measured costs choose the token trie worth verifying
     engine/    one llama_decode verifies it; exact acceptance; stops; many texts at once
+    constraints/  JSON schemas and grammars the text follows (llguidance's matcher)
     api.py     LlamaSpec, the public Python API (completions.py: llama-cpp-python's dicts)
     server/    the OpenAI-compatible HTTP server;  cli.py, repl.py: the command line
     measure/   bench, compare, agreement, replays of recorded answers
@@ -39,7 +40,7 @@ from .errors import (
     UnknownModelError,
     VocabMismatchError,
 )
-from .grammar import Grammar
+from .constraints import Grammar
 from .llama.models import cache_dir, default_pair, fetch, load_registry, resolve_model
 from .engine.stats import SourceStats, Stats
 

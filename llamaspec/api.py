@@ -23,7 +23,7 @@ from .sources import default_registry
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig, prompt_bytes
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
-from .grammar import GrammarVocabulary
+from .constraints import GrammarVocabulary
 from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
 from .engine.engine import Engine, check_prompt

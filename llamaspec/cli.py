@@ -31,7 +31,7 @@ from .config import (MAX_TEXT_BYTES, DraftConfig, GenerationConfig, LookaheadCon
                      SamplingConfig, SpecConfig, check_readable, default_threads, prompt_bytes)
 from .planning.costs import CostCurve, CostModel, cached_curve
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning
-from .grammar import Grammar
+from .constraints import Grammar
 from .engine.generation import Result, make_config
 from .sources.registry import Loaded, TextContext
 from .sources import default_registry

@@ -28,7 +28,7 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, GrammarError
-from .grammar import Grammar
+from .constraints import Grammar
 from .tools import (CallReader, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
                     read as read_calls, template_tools, with_calls)
 from .engine.generation import Chunk, Result

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Optional, Tuple
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .grammar import Grammar
+    from .constraints import Grammar
 
 
 # llama.cpp rounds a smaller context up to this.

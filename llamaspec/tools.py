@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .grammar import Grammar
-from .json_schema import to_lark
+from .constraints import Grammar
+from .constraints.json_schema import to_lark
 
 START, END = "<tool_call>", "</tool_call>"
 # Where a reply's calls are: the template's tags, or (as llama.cpp's Hermes parser also reads

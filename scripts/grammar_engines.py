@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
 
 from llamaspec.config import default_threads  # noqa: E402
-from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary  # noqa: E402
+from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary  # noqa: E402
 from llamaspec.llama import models  # noqa: E402
 from llamaspec.llama.binding import Context, Model  # noqa: E402
 

@@ -22,7 +22,7 @@ from llamaspec.sources import default_registry
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.engine.engine import Engine, Step
-from llamaspec.grammar import GrammarVocabulary
+from llamaspec.constraints import GrammarVocabulary
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
 from llamaspec.sampling import Mirostat, Uniforms, logprob_of, sample, shape, transform

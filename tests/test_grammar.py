@@ -22,7 +22,7 @@ from llamaspec.engine.generation import make_config
 from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.target import Target, walk
 from llamaspec.errors import GrammarError
-from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary
+from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary
 from llamaspec.planning.costs import CostCurve
 from llamaspec.planning.planner import Planner
 from llamaspec.planning.trie import Trie

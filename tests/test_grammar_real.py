@@ -17,7 +17,7 @@ from llama_cpp import LlamaGrammar
 
 from llamaspec.config import DraftConfig, SamplingConfig
 from llamaspec.errors import GrammarError
-from llamaspec.grammar import Constraint, Grammar, GrammarVocabulary
+from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary
 from llamaspec.measure.compare import find_program, generated_text
 from llamaspec.sources.base import LEAD, Budget
 from llamaspec.sources.draft_model import DraftModelSource

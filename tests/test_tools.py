@@ -9,7 +9,7 @@ import json
 import pytest
 
 from llamaspec.errors import ConfigError
-from llamaspec.grammar import Constraint, Grammar
+from llamaspec.constraints import Constraint, Grammar
 from llamaspec.tools import CallReader, Tools, grammar_with, read, template_tools, with_calls
 
 from test_grammar import grammar_vocabulary

@@ -61,7 +61,7 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..errors import DecodeError, PromptError
-from ..grammar import Constraint
+from ..constraints import Constraint
 from ..llama.binding import Context
 from ..planning.costs import CostModel
 from ..planning.planner import MAX_LEAVES, Limits

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import GenerationConfig, SamplingConfig
 from ..errors import ConfigError
-from ..grammar import Grammar
+from ..constraints import Grammar
 from ..sampling import TokenLogprob
 from .engine import Step
 from .stats import Stats

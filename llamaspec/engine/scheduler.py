@@ -33,7 +33,7 @@ from ..sources.base import Source
 from ..config import GenerationConfig
 from ..sources.consensus import Siblings
 from ..errors import ConfigError, LlamaspecError, RemoteError, StreamClosedError
-from ..grammar import Constraint, GrammarVocabulary, constraint_of
+from ..constraints import Constraint, GrammarVocabulary, constraint_of
 from ..sources.registry import TextContext
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
 from .engine import Engine

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import SamplingConfig
-from ..grammar import Constraint
+from ..constraints import Constraint
 from ..planning.trie import Trie
 from ..sampling import Distribution, Mirostat, recent, sample_at, shape, transform
 from .acceptance import walk_greedy, walk_sampled

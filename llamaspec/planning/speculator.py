@@ -35,7 +35,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .acceptance_model import AcceptanceModel
-from ..grammar import Constraint
+from ..constraints import Constraint
 from ..sources import rounds
 from ..sources.base import LEAD, Budget, Candidate, Drafting, Outcome, Proposal, Rider, Source
 from ..config import SamplingConfig

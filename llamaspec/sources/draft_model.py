@@ -40,7 +40,7 @@ from . import rounds
 from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
 from .registry import Need, Plugin
 from ..config import DraftConfig, SamplingConfig
-from ..grammar import Constraint
+from ..constraints import Constraint
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
 

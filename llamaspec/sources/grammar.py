@@ -20,7 +20,7 @@ import numpy as np
 
 from .base import LEAD_PRIOR, Budget, Candidate, Proposal, Source
 from ..config import SamplingConfig
-from ..grammar import Constraint
+from ..constraints import Constraint
 from .registry import Need, Plugin
 
 NAME = "grammar"

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .base import Evidence, Source
 
 if TYPE_CHECKING:
-    from ..grammar import Constraint
+    from ..constraints import Constraint
     from .consensus import Siblings
     from .draft_model import DraftSequences
     from .ngram_cache import NgramCaches

@@ -30,7 +30,7 @@ from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Protocol, 
 
 import numpy as np
 
-from .errors import GrammarError
+from ..errors import GrammarError
 from .json_schema import to_lark
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping, Sequence
 
-from .errors import GrammarError
+from ..errors import GrammarError
 
 SPACE = r"/ |\n{1,2}[ \t]{0,20}/"
 STRING = r'/"(?:[^"\\\x7F\x00-\x1F]|\\(?:["\\bfnrt]|u[0-9a-fA-F]{4}))*"/'
