@@ -23,7 +23,7 @@ from .sources import default_registry
 from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig, prompt_bytes
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
-from .constraints import GrammarVocabulary
+from .constraints import Grammar, GrammarVocabulary
 from .sources.ngram_cache import NgramCaches
 from .planning.planner import MAX_LEAVES, Planner
 from .engine.engine import Engine, check_prompt
@@ -325,6 +325,14 @@ class LlamaSpec:
             self._active = Stream(self._submit(Request(tokens, config, 1, self.spec_name)), dropped_turns)
             return self._active
 
+    def compile_grammar(self, grammar: Grammar) -> None:
+        """Compile ``grammar`` for this model now, in this thread (GrammarError if it cannot be
+        compiled within its time limit); it is kept for the generations that follow. A
+        generation compiles its grammar itself; a server calls this before a request takes its
+        turn, so that compiling holds up no other request."""
+        self._check_open()
+        self._grammars.start(grammar)
+
     # --- llama-cpp-python's completion methods ----------------------------------------------
     def create_completion(self, prompt: Prompt, **kwargs: Any) -> Any:
         """``llama_cpp.Llama.create_completion``: a dict, or an iterator of chunk dicts with
@@ -361,6 +369,7 @@ class LlamaSpec:
             self._closed = True
             for batcher in self._batchers:
                 batcher.close()
+            self._grammars.close()
             for ctx in (self.ctx, self._draft_ctx):
                 if ctx is not None:
                     ctx.close()

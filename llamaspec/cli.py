@@ -57,10 +57,10 @@ class _OneLineErrors(click.Group):
             click.echo("error: aborted", err=True)
             sys.exit(130)
         except click.ClickException as e:
-            click.echo(f"error: {e.format_message()}", err=True)
+            click.echo(f"error: {_one_line(e.format_message())}", err=True)
             sys.exit(e.exit_code)
         except LlamaspecError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {_one_line(str(e))}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)
@@ -68,8 +68,13 @@ class _OneLineErrors(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _one_line(message: str) -> str:
+    """A message on one line whatever it quotes (a file name with a newline in it)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
-    click.echo(f"warning: {message}", err=True)
+    click.echo(f"warning: {_one_line(str(message))}", err=True)
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -276,23 +281,36 @@ def _logit_bias(text: str) -> Tuple[int, float]:
 
 
 def _grammar_option(o: dict) -> Optional[Grammar]:
-    """--json-schema, --json-mode, --grammar or --grammar-file (at most one), checked now."""
+    """--json-schema, --json-mode, --grammar or --grammar-file (at most one), checked now: compiled
+    on its own, before any model loads."""
     given = [name for name in ("json_schema", "json_mode", "grammar", "grammar_file") if o[name]]
     if len(given) > 1:
         raise click.UsageError(f"give one of --json-schema, --json-mode, --grammar and --grammar-file, not "
                                f"{' and '.join('--' + g.replace('_', '-') for g in given)}")
     if o["json_schema"]:
         text = o["json_schema"]
-        if not text.lstrip().startswith("{"):  # not a schema's text: a file holding one
+        if not _inline_json(text):  # a file holding the schema
             text = _read(Path(text), "JSON schema file ")
-        return Grammar.json_schema(text)
+        return Grammar.json_schema(text, "--json-schema").check()
     if o["json_mode"]:
         return Grammar.json()
     if o["grammar"]:
-        return Grammar.gbnf(_utf8_option(o["grammar"], "--grammar"))
+        return Grammar.gbnf(_utf8_option(o["grammar"], "--grammar"), "--grammar").check()
     if o["grammar_file"]:
-        return Grammar.gbnf(_read(o["grammar_file"], "grammar file "))
+        return Grammar.gbnf(_read(o["grammar_file"], "grammar file "), "--grammar-file").check()
     return None
+
+
+def _inline_json(text: str) -> bool:
+    """Whether --json-schema's value is JSON itself (of any type, or an object or list that does
+    not parse: its error says why) rather than a file's name."""
+    if text.lstrip()[:1] in ("{", "["):
+        return True
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _read_prompt(prompt: Optional[str], file: Optional[Path], n_ctx: int) -> str:

@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from .errors import ConfigError, GrammarError
+from .errors import ConfigError, GrammarError, shown
 from .constraints import Grammar
 from .tools import (CallReader, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
                     read as read_calls, template_tools, with_calls)
@@ -207,10 +207,7 @@ def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functi
     same calls in their older shapes (``function_call``, finish reason "function_call"; see
     tools.legacy_tools). ``abandoned``: as in create_completion."""
     legacy = functions is not None or function_call is not None
-    if legacy:
-        if tools is not None or tool_choice is not None:
-            raise ConfigError("give tools and tool_choice, or the deprecated functions and function_call, not both")
-        tools, tool_choice = legacy_tools(functions, function_call)
+    tools, tool_choice = _tools(tools, tool_choice, functions, function_call)
     messages = legacy_messages(messages)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
@@ -373,7 +370,7 @@ def _totals(results: Sequence[Result]) -> Response:
 def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
     """A message whose content is text, or a list of text parts (OpenAI's content parts)."""
     if not isinstance(message, dict) or "role" not in message:
-        raise ConfigError(f"a message needs a role: {message!r}")
+        raise ConfigError(f"a message needs a role: {shown(message)}")
     content = message.get("content")
     if content is None:
         content = ""
@@ -418,6 +415,27 @@ def shaping(repeat_penalty: float, frequency_penalty: float, presence_penalty: f
             "typical_p": typical_p}
 
 
+def _tools(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> Tuple[Any, Any]:
+    """A request's tools and tool_choice, or those its deprecated functions and function_call give."""
+    if functions is None and function_call is None:
+        return tools, tool_choice
+    if tools is not None or tool_choice is not None:
+        raise ConfigError("give tools and tool_choice, or the deprecated functions and function_call, not both")
+    return legacy_tools(functions, function_call)
+
+
+def grammar_asked(arguments: Dict[str, Any], chat: bool) -> Optional[Grammar]:
+    """The grammar the text of a request with ``arguments`` (those of create_chat_completion,
+    ``chat``, or create_completion) follows, as they find it: a server compiles it before the
+    request takes its turn."""
+    asked = requested_grammar(arguments.get("response_format"), arguments.get("grammar"), arguments.get("json_schema"))
+    if not chat:
+        return asked
+    tools, choice = _tools(arguments.get("tools"), arguments.get("tool_choice"), arguments.get("functions"),
+                           arguments.get("function_call"))
+    return grammar_with(Tools.of(tools, choice), asked)
+
+
 def requested_grammar(response_format: Any = None, grammar: Any = None, json_schema: Any = None) -> Optional[Grammar]:
     """The grammar a request asks for, if any: OpenAI's ``response_format`` (``{"type": "text"}``,
     ``{"type": "json_object"}`` with llama-cpp-python's optional ``"schema"``, or ``{"type":
@@ -425,8 +443,9 @@ def requested_grammar(response_format: Any = None, grammar: Any = None, json_sch
     (a LlamaGrammar or GBNF text) or llama-server's ``json_schema``. GrammarError for one that does
     not parse or for more than one."""
     asked = [g for g in (_response_format(response_format),
-                         Grammar.of(grammar) if grammar is not None else None,
-                         Grammar.json_schema(json_schema) if json_schema is not None else None) if g is not None]
+                         Grammar.of(grammar, "grammar") if grammar is not None else None,
+                         Grammar.json_schema(json_schema, "json_schema") if json_schema is not None else None)
+             if g is not None]
     if len(asked) > 1:
         raise GrammarError("give one of response_format, grammar and json_schema, not several")
     return asked[0] if asked else None
@@ -436,20 +455,20 @@ def _response_format(value: Any) -> Optional[Grammar]:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise GrammarError(f"response_format is an object such as {{\"type\": \"json_object\"}}, got {value!r}")
+        raise GrammarError(f"response_format is an object such as {{\"type\": \"json_object\"}}, got {shown(value)}")
     kind = value.get("type", "text")
     if kind == "text":
         return None
     if kind == "json_object":
         schema = value.get("schema")
-        return Grammar.json_schema(schema) if schema is not None else Grammar.json()
+        return Grammar.json_schema(schema, "response_format.schema") if schema is not None else Grammar.json()
     if kind == "json_schema":
         spec = value.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if schema is None:
             raise GrammarError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}')
-        return Grammar.json_schema(schema)
-    raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
+        return Grammar.json_schema(schema, "response_format.json_schema.schema")
+    raise GrammarError(f"response_format type {shown(kind)} is not one of text, json_object, json_schema")
 
 
 def finish_reason(result: Result) -> str:

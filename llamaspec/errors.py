@@ -7,6 +7,20 @@ line that says what is wrong and with what. The CLI prints that line and exits n
 from __future__ import annotations
 
 
+import json
+from typing import Any
+
+
+def shown(value: Any, limit: int = 60, as_json: bool = False) -> str:
+    """A value from the user as a message quotes it: a string's repr (``as_json``: its JSON, as a
+    request spells it), else its JSON (or repr), cut to ``limit`` characters."""
+    try:
+        text = repr(value) if isinstance(value, str) and not as_json else json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class LlamaspecError(Exception):
     """Base class of every user-facing llamaspec error."""
 
@@ -16,7 +30,45 @@ class ConfigError(LlamaspecError, ValueError):
 
 
 class GrammarError(ConfigError):
-    """A JSON schema or grammar that does not parse, or that the text cannot follow."""
+    """A JSON schema or grammar that does not parse, cannot be compiled, or that the text cannot
+    follow. ``where``: the part of the request at fault (a field, then the place in the schema:
+    ``response_format.json_schema.schema.properties.a.enum``), the message's first words. The
+    message is one line of at most MAX_MESSAGE characters (a deep place shown by its ends)."""
+
+    MAX_MESSAGE = 300
+
+    def __init__(self, problem: str, where: str = "") -> None:
+        self.problem, self.where = problem, where
+        shown = where if len(where) <= 96 else _ends(where)
+        message = " ".join(f"{shown}: {problem}".split() if where else problem.split())
+        if len(message) > self.MAX_MESSAGE:
+            message = message[:self.MAX_MESSAGE - 3] + "..."
+        super().__init__(message)
+
+    def within(self, field: str) -> "GrammarError":
+        """This error, found in the request's ``field``."""
+        return GrammarError(self.problem, joined(field, self.where))
+
+
+def joined(field: str, place: str) -> str:
+    """A place in the value of ``field``: ``response_format.schema.properties.a``; after a
+    command-line option, ``--json-schema at properties.a``."""
+    if not field or not place:
+        return field or place
+    return f"{field} at {place}" if field.startswith("-") else f"{field}.{place}"
+
+
+def _ends(where: str) -> str:
+    """A long place (``a.b.c...``) by its first and last parts."""
+    parts = where.split(".")
+    if len(parts) < 3 or len(parts[0]) > 48 or len(parts[-1]) > 45:
+        return f"{where[:48]}...{where[-45:]}"
+    head, tail = parts[:1], parts[-1:]
+    while len(".".join(head + parts[len(head):len(head) + 1])) <= 48 and len(head) + len(tail) < len(parts):
+        head = parts[:len(head) + 1]
+    while len(".".join(parts[-len(tail) - 1:])) <= 45 and len(head) + len(tail) < len(parts):
+        tail = parts[-len(tail) - 1:]
+    return f"{'.'.join(head)}...{'.'.join(tail)}"
 
 
 class ModelError(LlamaspecError):

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, GrammarError, shown
 from .constraints import Grammar
 from .constraints.json_schema import to_lark
 
@@ -64,11 +64,11 @@ class Tools:
         names = [t["function"]["name"] for t in checked]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ConfigError(f"two tools are named {twice[0]!r}")
+            raise ConfigError(f"two tools are named {shown(twice[0])}")
         choice, function = _choice(tool_choice, names)
         if not checked:
             if choice in ("required", "function"):
-                raise ConfigError(f"tool_choice {_shown(tool_choice)} needs tools")
+                raise ConfigError(f"tool_choice {shown(tool_choice, as_json=True)} needs tools")
             return None
         return Tools(checked, choice, function)
 
@@ -85,31 +85,31 @@ class Tools:
         """What the reply may say: one or more calls ("required"), one call of the named function,
         or anything (None: "auto", "none")."""
         if self.choice == "required":
-            return calls_grammar([t["function"] for t in self.tools], many=True)
+            return calls_grammar(list(enumerate(t["function"] for t in self.tools)), many=True)
         if self.choice == "function":
-            return calls_grammar([t["function"] for t in self.tools if t["function"]["name"] == self.function],
-                                 many=False)
+            return calls_grammar([(i, t["function"]) for i, t in enumerate(self.tools)
+                                  if t["function"]["name"] == self.function], many=False)
         return None
 
 
 def _tool(tool: Any, i: int) -> Dict[str, Any]:
     """One tool in OpenAI's shape, checked; ``parameters`` defaults to any object."""
     if not isinstance(tool, dict):
-        raise ConfigError(f"tools[{i}] is an object {{\"type\": \"function\", \"function\": {{...}}}}, got {tool!r}")
+        raise ConfigError(f"tools[{i}] is an object {{\"type\": \"function\", \"function\": {{...}}}}, got {shown(tool)}")
     if tool.get("type", "function") != "function":
-        raise ConfigError(f"tools[{i}] has type {tool.get('type')!r}; only \"function\" tools are supported")
+        raise ConfigError(f"tools[{i}] has type {shown(tool.get('type'))}; only \"function\" tools are supported")
     function = tool.get("function")
     if not isinstance(function, dict):
         raise ConfigError(f"tools[{i}] needs \"function\": {{\"name\": ..., \"parameters\": {{...}}}}")
     name = function.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise ConfigError(f"tools[{i}]'s function needs a name of 1 to 64 letters, digits, _ or -, got {name!r}")
+        raise ConfigError(f"tools[{i}]'s function needs a name of 1 to 64 letters, digits, _ or -, got {shown(name)}")
     description = function.get("description")
     if description is not None and not isinstance(description, str):
-        raise ConfigError(f"the description of tool {name!r} is not text")
+        raise ConfigError(f"the description of tool {shown(name)} is not text")
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise ConfigError(f"the parameters of tool {name!r} are a JSON schema object, got {parameters!r}")
+        raise ConfigError(f"the parameters of tool {shown(name)} are a JSON schema object, got {shown(parameters)}")
     checked = {"name": name}
     if description is not None:
         checked["description"] = description
@@ -125,35 +125,43 @@ def _choice(value: Any, names: Sequence[str]) -> Tuple[str, Optional[str]]:
     if isinstance(value, dict) and value.get("type", "function") == "function" and isinstance(value.get("function"), dict):
         name = value["function"].get("name")
         if not isinstance(name, str):
-            raise ConfigError(f"tool_choice's function needs a name, got {_shown(value)}")
+            raise ConfigError(f"tool_choice's function needs a name, got {shown(value, as_json=True)}")
         if names and name not in names:
-            raise ConfigError(f"tool_choice names the function {name!r}, which is not among the tools "
+            raise ConfigError(f"tool_choice names the function {shown(name)}, which is not among the tools "
                               f"({', '.join(names)})")
         return "function", name
     raise ConfigError(f"tool_choice is \"auto\", \"none\", \"required\" or "
-                      f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {_shown(value)}")
+                      f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {shown(value, as_json=True)}")
 
 
-def _shown(value: Any) -> str:
+def calls_grammar(functions: Sequence[Tuple[int, Dict[str, Any]]], many: bool) -> Grammar:
+    """Calls of ``functions`` (each with its index among the tools) in the template's format:
+    each ``<tool_call>``, a JSON object ``{"name": <a function's name>, "arguments": <its
+    parameters' schema>}`` and ``</tool_call>``, with JSON's whitespace where llama.cpp allows
+    it; one call, or with ``many`` one or more separated by whitespace. Nothing before the first
+    call or after the last. Its errors name the tool (``tools[2].function.parameters...``)."""
+    calls = [call_schema(f) for _, f in functions]
+    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
     try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def calls_grammar(functions: Sequence[Dict[str, Any]], many: bool) -> Grammar:
-    """Calls of ``functions`` in the template's format: each ``<tool_call>``, a JSON object
-    ``{"name": <a function's name>, "arguments": <its parameters' schema>}`` and ``</tool_call>``,
-    with JSON's whitespace where llama.cpp allows it; one call, or with ``many`` one or more
-    separated by whitespace. Nothing before the first call or after the last."""
-    schema = {"anyOf": [call_schema(f) for f in functions]} if len(functions) > 1 else call_schema(functions[0])
-    call_json = to_lark(schema)
+        call_json = to_lark(schema)
+    except GrammarError as e:
+        raise GrammarError(e.problem, _tool_place(e.where, functions)) from None
+    call_json = re.sub(r"(?m)^(// at \w+ )(.*)$", lambda m: m.group(1) + _tool_place(m.group(2), functions), call_json)
     assert call_json.startswith("start: ")
     call_json = "call_json: " + call_json[len("start: "):]
     calls = "call (sp call)*" if many else "call"
     text = (f"start: {calls}\n"
             f"call: {json.dumps(START)} sp call_json sp {json.dumps(END)}\n" + call_json)
-    return Grammar.lark(text, kind="tools", source=json.dumps([f["name"] for f in functions]))
+    return Grammar.lark(text, kind="tools", source=json.dumps([f["name"] for _, f in functions]))
+
+
+def _tool_place(place: str, functions: Sequence[Tuple[int, Dict[str, Any]]]) -> str:
+    """A place in the calls' schema as the place in the request's tools."""
+    found = re.match(r"(?:anyOf\[(\d+)\]\.)?properties\.arguments(?:\.(.*))?$", place)
+    if not found:
+        return "tools"
+    index = functions[int(found.group(1) or 0)][0]
+    return f"tools[{index}].function.parameters" + (f".{found.group(2)}" if found.group(2) else "")
 
 
 def call_schema(function: Dict[str, Any]) -> Dict[str, Any]:
@@ -170,8 +178,8 @@ def grammar_with(request: Optional[Tools], asked: Optional[Grammar]) -> Optional
     if own is None:
         return asked
     if asked is not None:
-        raise ConfigError(f"tool_choice {_shown(request.function or request.choice)} constrains the reply to "
-                          f"calls; give response_format, grammar or json_schema without it")
+        raise ConfigError(f"tool_choice {shown(request.function or request.choice, as_json=True)} constrains the "
+                          f"reply to calls; give response_format, grammar or json_schema without it")
     return own
 
 
@@ -203,7 +211,7 @@ def with_calls(message: Dict[str, Any], text: Dict[str, Any]) -> Dict[str, Any]:
     calls = message.get("tool_calls")
     if calls:
         if message.get("role") != "assistant":
-            raise ConfigError(f"only assistant messages have tool_calls, not {message.get('role')!r} messages")
+            raise ConfigError(f"only assistant messages have tool_calls, not {shown(message.get('role'))} messages")
         if not isinstance(calls, list):
             raise ConfigError(f"an assistant message's tool_calls is a list, got {type(calls).__name__}")
         out["tool_calls"] = [_past_call(c) for c in calls]
@@ -212,7 +220,7 @@ def with_calls(message: Dict[str, Any], text: Dict[str, Any]) -> Dict[str, Any]:
             value = message.get(key)
             if value is not None:
                 if not isinstance(value, str):
-                    raise ConfigError(f"a tool message's {key} is text, got {value!r}")
+                    raise ConfigError(f"a tool message's {key} is text, got {shown(value)}")
                 out[key] = value
     return out
 
@@ -220,10 +228,10 @@ def with_calls(message: Dict[str, Any], text: Dict[str, Any]) -> Dict[str, Any]:
 def _past_call(call: Any) -> Dict[str, Any]:
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         raise ConfigError(f"a tool call is {{\"id\": ..., \"type\": \"function\", \"function\": {{\"name\": ..., "
-                          f"\"arguments\": ...}}}}, got {call!r}")
+                          f"\"arguments\": ...}}}}, got {shown(call)}")
     name = call["function"].get("name")
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"a tool call's function needs a name, got {call!r}")
+        raise ConfigError(f"a tool call's function needs a name, got {shown(call)}")
     arguments = call["function"].get("arguments")
     if arguments is None:
         arguments = {}
@@ -231,7 +239,7 @@ def _past_call(call: Any) -> Dict[str, Any]:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
-            raise ConfigError(f"the arguments of the call of {name!r} are not JSON: {e}") from None
+            raise ConfigError(f"the arguments of the call of {shown(name)} are not JSON: {e}") from None
     out = {"type": "function", "function": {"name": name, "arguments": arguments}}
     if call.get("id") is not None:
         out["id"] = str(call["id"])
@@ -361,7 +369,8 @@ def legacy_tools(functions: Any, function_call: Any) -> Tuple[Any, Any]:
     if isinstance(function_call, dict):
         choice = {"type": "function", "function": function_call}
     elif function_call not in (None, "auto", "none"):
-        raise ConfigError(f"function_call is \"auto\", \"none\" or {{\"name\": ...}}, got {_shown(function_call)}")
+        raise ConfigError(f"function_call is \"auto\", \"none\" or {{\"name\": ...}}, got "
+                          f"{shown(function_call, as_json=True)}")
     return tools or None, choice
 
 

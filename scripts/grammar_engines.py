@@ -65,7 +65,7 @@ def main() -> None:
     t0 = time.perf_counter()
     vocab.tokenizer  # noqa: B018 (built once per model)
     built = time.perf_counter() - t0
-    ours = Constraint(vocab, Grammar.json_schema(SCHEMA))
+    ours = vocab.constraint(Grammar.json_schema(SCHEMA))
     lg = []
     for row, token in zip(rows, tokens):
         t0 = time.perf_counter()

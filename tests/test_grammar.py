@@ -42,7 +42,7 @@ VOCAB = GrammarVocabulary(FakeModel())
 
 
 def fake_constraint(gbnf: str = ALTERNATING) -> Constraint:
-    return Constraint(VOCAB, Grammar.gbnf(gbnf))
+    return VOCAB.constraint(Grammar.gbnf(gbnf))
 
 
 def allowed_at(i: int) -> np.ndarray:
@@ -127,7 +127,7 @@ def test_a_trie_whose_branches_are_in_different_grammar_states_keeps_them_apart(
     rows[node[(a, b)], c] = 5
     rows[node[(a, b, c)], e] = 9
     rows[node[(a, b, c)], EOS] = 5
-    constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
+    constraint = VOCAB.constraint(Grammar.gbnf(gbnf))
     path, token, _ = walk(trie, rows, Target(GREEDY, constraint), np.random.default_rng(0), lambda depth: 0.5)
     assert [trie.token[v] for v in path] == [a, b, c] and token == EOS
     unconstrained, _, _ = walk(trie, rows, Target(GREEDY), np.random.default_rng(0), lambda depth: 0.5)
@@ -136,7 +136,7 @@ def test_a_trie_whose_branches_are_in_different_grammar_states_keeps_them_apart(
     rows[node[(a,)], d] = 7
     rows[node[(a, d)], c] = 9
     rows[node[(a, d)], e] = 5
-    constraint = Constraint(VOCAB, Grammar.gbnf(gbnf))
+    constraint = VOCAB.constraint(Grammar.gbnf(gbnf))
     path, token, _ = walk(trie, rows, Target(GREEDY, constraint), np.random.default_rng(0), lambda depth: 0.5)
     assert [trie.token[v] for v in path] == [a, d, e] and token == e and constraint.valid([e]) == 1
 
@@ -314,14 +314,14 @@ def test_a_grammar_that_does_not_parse_is_one_line():
     for bad, fragment in [('root ::= foo', "Rule 'foo' not found"), ('x ::= "a"', "No 'root' rule"),
                           ('', "empty")]:
         with pytest.raises(GrammarError, match=fragment) as e:
-            Grammar.gbnf(bad)
+            Grammar.gbnf(bad).check()
         assert "\n" not in str(e.value)
     for bad, fragment in [('{"type": "objec"}', "unknown type 'objec'"), ('[1]', "is an object"),
                           ('{"type": "string", "format": "bogus"}', "Unknown format: bogus"),
                           ('{"$ref": "#/$defs/x"}', "points to nothing"), ('{bad', "is not JSON"),
                           ('{"type": "object", "properties": {"a": {}}, "required": ["b"]}', "requires 'b'")]:
         with pytest.raises(GrammarError, match=fragment) as e:
-            Grammar.json_schema(bad)
+            Grammar.json_schema(bad).check()
         assert "\n" not in str(e.value) and "start:" not in str(e.value)
     with pytest.raises(GrammarError, match="LlamaGrammar"):
         Grammar.of(42)
@@ -379,7 +379,7 @@ CASES = [
 
 @pytest.mark.parametrize("schema,text,allowed", CASES)
 def test_a_json_schema_allows_what_llama_cpp_s_conversion_allows(qwen_vocab, schema, text, allowed):
-    c = Constraint(grammar_vocabulary(qwen_vocab), Grammar.json_schema(schema))
+    c = grammar_vocabulary(qwen_vocab).constraint(Grammar.json_schema(schema))
     tokens = qwen_vocab.tokenize(text, add_special=False, parse_special=False)
     whole = c.valid(tokens) == len(tokens)
     if whole:
@@ -403,7 +403,7 @@ def test_the_grammar_source_s_keys_have_priors_on_a_real_vocabulary(qwen_vocab):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "address": {"type": "object", "properties": {
         "city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "address"]}
     text = '{\n  "name": "Ada",\n  "address": {\n    "city": "London"\n  }\n}'
-    c = Constraint(grammar_vocabulary(qwen_vocab), Grammar.json_schema(schema))
+    c = grammar_vocabulary(qwen_vocab).constraint(Grammar.json_schema(schema))
     source = grammar_source.GrammarSource(c)
     keys, proposed = set(), []
     for t in qwen_vocab.tokenize(text, add_special=False, parse_special=False):

@@ -77,7 +77,7 @@ def constrained_gap(ref, prompt, tokens, k, schema) -> float:
     decoding evaluates it (one token at a time)."""
     if id(ref.model) not in _VOCABS:
         _VOCABS[id(ref.model)] = GrammarVocabulary(ref.model)
-    constraint = Constraint(_VOCABS[id(ref.model)], Grammar.json_schema(schema))
+    constraint = _VOCABS[id(ref.model)].constraint(Grammar.json_schema(schema))
     for t in tokens[:k]:
         constraint.advance(t)
     row = constraint.mask(ref.row_after(prompt, tokens[:k]))
@@ -115,7 +115,7 @@ def test_the_draft_model_follows_the_schema_through_its_forced_tokens(qwen_pair,
     decoding's (near-ties aside); sampled ones, alone and as 3 samples decoded together, validate."""
     tokens, _ = qwen_plain.chat_prompt(question(PEOPLE[0]))
     written = qwen_plain.model.tokenize('{"name": "Ada Lovelace", "', add_special=False, parse_special=False)
-    constraint = Constraint(GrammarVocabulary(qwen_plain.model), Grammar.json_schema(PERSON))
+    constraint = GrammarVocabulary(qwen_plain.model).constraint(Grammar.json_schema(PERSON))
     for t in written:
         constraint.advance(t)
     draft = DraftModelSource(qwen_pair._loaded.drafts, 0, DraftConfig(draft_max=8), constraint)

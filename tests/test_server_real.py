@@ -392,6 +392,26 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
                               "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
      "names the function 'get_time', which is not among the tools"),
+    # hostile schemas, grammars and bodies: a 400 whose message names the part at fault
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}}}}},
+     "response_format.json_schema.schema.properties: 5000 optional properties; at most 2500 are supported"),
+    ("/v1/completions", {"prompt": "hi", "json_schema": {"enum": list(range(60000))}},
+     "json_schema.enum: an enum of 60000 values; at most 50000 are supported"),
+    ("/v1/completions", {"prompt": "hi", "grammar": 'root ::= x\nx ::= x "a"'},
+     "grammar: the grammar is not usable: it allows no text at all"),
+    ("/v1/completions", {"prompt": "hi", "stream": True, "grammar": 'root ::= x\nx ::= x "a"'},
+     "grammar: the grammar is not usable: it allows no text at all"),
+    ("/v1/completions", {"prompt": "hi", "json_schema": {"properties": {"a": {"type": "string", "pattern": "a(b"}}}},
+     "json_schema.properties.a: the JSON schema is not usable: the regex 'a(b' does not parse: unclosed group"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 2000 + b"]" * 2000
+     + b"}", "the body nests more than 512 levels deep"),
+    ("/v1/chat/completions", b'{"messages": [], "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+     "the body nests more than 512 levels deep"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"100": "abc"}},
+     'logit_bias is an object of token ids to numbers (false bans the token), or a list of [token id, number] '
+     'pairs, got {"100": "abc"}'),
 ]
 
 
@@ -403,7 +423,44 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
     assert status == 400, (status, answer)
     assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
     assert fragment in answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error"
+    assert len(answer["error"]["message"]) <= 300 and "\n" not in answer["error"]["message"]
     assert server.get("/health") == (200, {"status": "ok"})
+
+
+def _stream(server, body: dict) -> list:
+    """The server-sent events of a streamed completion, read to the end."""
+    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return [line[len(b"data: "):].decode() for line in r.read().split(b"\n\n") if line.startswith(b"data: ")]
+
+
+def test_hostile_grammars_during_another_client_s_stream_leave_it_whole_and_hold_up_no_one(plain_server):
+    """While a stream is under way: a schema the grammar engine once crashed on, a grammar whose
+    compiling runs out of its time limit and a body nested 2,000 deep each get their 400, and the
+    stream ends with [DONE] and the text it has alone. Then a plain request sent while the slow
+    grammar compiles is answered before that grammar's 400."""
+    body = {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}
+    alone = plain_server.client().completions.create(model="x", **body).choices[0].text
+    hostile = [("/v1/completions", {"prompt": "hi", "json_schema": {
+                   "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3500)}}}),
+               ("/v1/completions", {"prompt": "hi", "grammar": "root ::= r0\n" + "\n".join(
+                   f'r{i} ::= "a" r{i + 1}' for i in range(20000)) + '\nr20000 ::= "b"'}),
+               ("/v1/chat/completions", b'{"messages": [], "x": ' + b"[" * 2000 + b"]" * 2000 + b"}")]
+    with ThreadPoolExecutor(4) as pool:
+        stream = pool.submit(_stream, plain_server, body)
+        answers = [pool.submit(plain_server.request, "POST", path, b) for path, b in hostile]
+        assert [a.result()[0] for a in answers] == [400, 400, 400]
+        assert "took more than 1 s" in answers[1].result()[1]["error"]["message"]
+        events = stream.result()
+        assert events[-1] == "[DONE]"
+        assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == alone
+        slow = pool.submit(plain_server.request, "POST", *hostile[1])
+        time.sleep(0.3)  # the slow grammar is compiling
+        quick = plain_server.client().completions.create(model="x", prompt="def f(", max_tokens=2, temperature=0)
+        assert quick.choices[0].text and not slow.done()
+        assert slow.result()[0] == 400
+    assert plain_server.get("/health") == (200, {"status": "ok"})
 
 
 def test_tools_through_the_openai_client(model_file):

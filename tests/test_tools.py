@@ -209,7 +209,7 @@ def test_streamed_and_whole_replies_read_the_same():
 # --- grammars on Qwen2.5's vocabulary ------------------------------------------------------
 
 def allows(vocab, grammar: Grammar, text: str) -> bool:
-    c = Constraint(grammar_vocabulary(vocab), grammar)
+    c = grammar_vocabulary(vocab).constraint(grammar)
     tokens = vocab.tokenize(text, add_special=False, parse_special=True)
     if c.valid(tokens) != len(tokens):
         return False

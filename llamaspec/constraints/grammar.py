@@ -1,11 +1,12 @@
 """What a generation may say: a JSON schema, any JSON object or a GBNF grammar, followed token
 by token.
 
-    grammar = Grammar.json_schema(schema)   # or Grammar.json(), Grammar.gbnf(text): GrammarError here,
-                                            # before anything is decoded
+    grammar = Grammar.json_schema(schema)   # or Grammar.json(), Grammar.gbnf(text): checked for
+                                            # what Python sees (JSON, the schema's shape and size)
     vocab = GrammarVocabulary(model)        # the model's tokens as the matcher reads them (built
                                             # once per model, on first use: about 1 s for 150k tokens)
-    state = Constraint(vocab, grammar)      # one per text: where its text is in the grammar
+    state = vocab.constraint(grammar)       # one per text: where its text is in the grammar; the
+                                            # grammar compiled on first use (GrammarError here)
     row = state.mask(logits)                # the target's row, every token the grammar forbids at -inf
     state.advance(token)                    # the text goes on
     state.forced()                          # the tokens the grammar allows alone from here
@@ -16,104 +17,109 @@ first. Once the grammar is complete it allows only the tokens that end a generat
 
 A JSON schema allows the texts llama.cpp's conversion allows (``json_schema.py``). The matcher is
 llguidance's (a mask over 151,936 tokens and a step in 0.17 ms where llama.cpp's grammar sampler
-takes 12.4 ms on the same CPU; see docs/design.md).
+takes 12.4 ms on the same CPU; see docs/design.md). A grammar is compiled first in a worker
+process, within a time limit (``compiler.py``), then here once per model: the start of each
+grammar is kept (the last STARTS of them) and every text starts from a copy of it.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field as dataclass_field
 from functools import wraps
-from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Protocol, Sequence, TypeVar, Union
 
 import numpy as np
 
 from ..errors import GrammarError
+from .compiler import Compiler, limits, on_large_stack, refused
 from .json_schema import to_lark
+
+STARTS = 32  # grammars whose start a vocabulary keeps compiled
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """A constraint checked and compiled (llguidance's grammar text), not yet bound to a
-    vocabulary. ``kind``: "json_schema", "json", "gbnf" or "tools" (calls of a request's tools,
-    ``tools.calls_grammar``); ``source``: what the user gave."""
+    """A constraint as asked, checked for what can be seen without compiling it, not yet
+    compiled. ``kind``: "json_schema", "json", "gbnf", "lark" or "tools" (calls of a request's
+    tools, ``tools.calls_grammar``); ``source``: what the user gave; ``text``: the grammar in
+    ``syntax``, "lark" (llguidance's; a schema's conversion) or "gbnf" (converted when compiled);
+    ``field``: where it came from (a request's field, a command-line option), the first words of
+    its errors."""
 
     kind: str
     source: str
-    compiled: str
+    syntax: str
+    text: str
+    field: str = dataclass_field(default="", compare=False)
 
     @staticmethod
-    def json_schema(schema: Union[str, Mapping[str, Any]]) -> "Grammar":
+    def json_schema(schema: Union[str, Mapping[str, Any]], field: str = "") -> "Grammar":
         """A JSON value that validates against ``schema`` (a dict or its JSON text)."""
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
-                raise GrammarError(f"the JSON schema is not JSON: {e}") from None
+                raise GrammarError(f"the JSON schema is not JSON: {e}", field) from None
+            except RecursionError:
+                raise GrammarError("the JSON schema is nested too deeply", field) from None
         if not isinstance(schema, Mapping):
-            raise GrammarError(f"a JSON schema is an object, got {type(schema).__name__}")
-        return Grammar._checked("json_schema", json.dumps(schema), _lark(to_lark(schema)))
+            raise GrammarError(f"a JSON schema is an object, got {_kind(schema)}", field)
+        try:
+            lark = to_lark(schema)
+            source = json.dumps(schema)
+        except GrammarError as e:
+            raise e.within(field) if field else e
+        except (RecursionError, ValueError) as e:  # a value json.dumps cannot write (it came from Python)
+            raise GrammarError(f"the JSON schema is not usable: {e}", field) from None
+        return Grammar("json_schema", source, "lark", lark, field)
 
     @staticmethod
-    def json() -> "Grammar":
+    def json(field: str = "") -> "Grammar":
         """Any JSON object (OpenAI's ``json_object`` response format)."""
         grammar = Grammar.json_schema({"type": "object"})
-        return Grammar("json", "", grammar.compiled)
+        return Grammar("json", "", grammar.syntax, grammar.text, field)
 
     @staticmethod
-    def gbnf(text: str) -> "Grammar":
+    def gbnf(text: str, field: str = "") -> "Grammar":
         """A grammar in llama.cpp's GBNF (its ``root`` rule), as ``--grammar`` takes it."""
-        from llguidance.gbnf_to_lark import gbnf_to_lark
+        if not isinstance(text, str):
+            raise GrammarError(f"a GBNF grammar is text, got {_kind(text)}", field)
         if not text.strip():
-            raise GrammarError("the grammar is empty")
-        try:
-            lark = gbnf_to_lark(text)
-        except Exception as e:  # the converter's errors name the line and the place
-            raise GrammarError(f"the GBNF grammar does not parse: {_line(e)}") from None
-        return Grammar._checked("gbnf", text, _lark(lark))
+            raise GrammarError("the grammar is empty", field)
+        return Grammar("gbnf", text, "gbnf", text, field)
 
     @staticmethod
-    def lark(text: str, kind: str = "lark", source: str = "") -> "Grammar":
+    def lark(text: str, kind: str = "lark", source: str = "", field: str = "") -> "Grammar":
         """A grammar in llguidance's Lark (its ``start`` rule), built by llamaspec itself (tool calls)."""
-        return Grammar._checked(kind, source or text, _lark(text))
+        return Grammar(kind, source or text, "lark", text, field)
 
     @staticmethod
-    def of(value: Any) -> "Grammar":
+    def of(value: Any, field: str = "") -> "Grammar":
         """A Grammar, a GBNF text, or llama-cpp-python's ``LlamaGrammar`` (its GBNF text)."""
         if isinstance(value, Grammar):
             return value
         if isinstance(value, str):
-            return Grammar.gbnf(value)
+            return Grammar.gbnf(value, field)
         text = getattr(value, "_grammar", None)  # llama_cpp.LlamaGrammar keeps its GBNF text there
         if isinstance(text, str):
-            return Grammar.gbnf(text)
-        raise GrammarError(f"a grammar is GBNF text or a llama_cpp.LlamaGrammar, got {type(value).__name__}")
+            return Grammar.gbnf(text, field)
+        raise GrammarError(f"a grammar is GBNF text or a llama_cpp.LlamaGrammar, got {type(value).__name__}", field)
 
-    @staticmethod
-    def _checked(kind: str, source: str, compiled: str) -> "Grammar":
-        from llguidance import LLMatcher
-        problem = LLMatcher.validate_grammar(compiled)
-        if problem and not problem.startswith("WARNING"):
-            if kind == "json_schema":  # the schema's own problem, not the place in the grammar wrapping it
-                problem = re.sub(r"^at \d+\(\d+\): (failed to compile JSON schema: )?", "", problem.splitlines()[0])
-                raise GrammarError(f"the JSON schema is not usable: {problem}")
-            raise GrammarError(f"the grammar is not usable: {_line(problem)}")
-        return Grammar(kind, source, compiled)
+    def check(self) -> "Grammar":
+        """This grammar, compiled once on its own (no vocabulary: what a command line checks
+        before a model loads); GrammarError if it does not compile."""
+        with Compiler() as compiler:
+            compiler.compile(self)
+        return self
 
 
-def _lark(text: str) -> str:
-    from llguidance import LLMatcher
-    try:
-        return LLMatcher.grammar_from_lark(text)
-    except Exception as e:
-        raise GrammarError(f"the grammar is not usable: {_line(e)}") from None
-
-
-def _line(problem: Any) -> str:
-    """An error's message on one line."""
-    return " ".join(str(problem).split())
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__)
 
 
 class Vocabulary(Protocol):
@@ -133,19 +139,68 @@ class Vocabulary(Protocol):
 
 class GrammarVocabulary:
     """A model's tokens as the matcher reads them: their bytes (control tokens marked, so no text
-    spells them), the tokens that end a generation and the model's tokenizer. Built on first use."""
+    spells them), the tokens that end a generation and the model's tokenizer (built on first
+    use); the compiler that compiles its grammars first, and the starts of the last STARTS
+    grammars compiled (any thread may ask: a grammar compiles outside the lock, so a slow one
+    holds up no other)."""
 
     def __init__(self, model: Vocabulary) -> None:
         self.model = model
         self.n_vocab = model.n_vocab
+        self._tokens: Optional[_Tokens] = None
         self._tokenizer: Any = None
+        self._compiler = Compiler(self._vocabulary)
+        self._starts: "OrderedDict[Grammar, Constraint]" = OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from llguidance import LLTokenizer, TokenizerWrapper
-            self._tokenizer = LLTokenizer(TokenizerWrapper(_Tokens(self.model)), eos_token=sorted(self.model.eog_tokens))
-        return self._tokenizer
+        with self._lock:
+            if self._tokenizer is None:
+                from llguidance import LLTokenizer, TokenizerWrapper
+                self._tokenizer = LLTokenizer(TokenizerWrapper(self._token_texts()),
+                                              eos_token=sorted(self.model.eog_tokens))
+            return self._tokenizer
+
+    def _token_texts(self) -> "_Tokens":
+        if self._tokens is None:
+            self._tokens = _Tokens(self.model)
+        return self._tokens
+
+    def _vocabulary(self) -> Any:
+        """What the compiler's worker needs of the model: its token texts and end tokens."""
+        with self._lock:
+            return self._token_texts().tokens, sorted(self.model.eog_tokens)
+
+    def constraint(self, grammar: Grammar) -> "Constraint":
+        """A text at the start of ``grammar``, compiled on first use (GrammarError if it does
+        not compile, within its time limit, or allows nothing)."""
+        return self.start(grammar).fork()
+
+    def start(self, grammar: Grammar) -> "Constraint":
+        """The start of ``grammar`` as kept (compiled now if it is not)."""
+        with self._lock:
+            if grammar in self._starts:
+                self._starts.move_to_end(grammar)
+                return self._starts[grammar]
+        compiled = self._compiler.compile(grammar)  # in the worker first: a failure ends it, not us
+        tokenizer = self.tokenizer
+        from llguidance import LLMatcher
+        def compiled_here() -> Any:
+            matcher = LLMatcher(tokenizer, compiled, log_level=0, limits=limits())
+            if not matcher.is_error():
+                matcher.compute_bitmask()  # a grammar that allows nothing says so now, not at the first step
+            return matcher
+        start = Constraint(self, grammar, on_large_stack(compiled_here))
+        with self._lock:
+            self._starts[grammar] = start
+            while len(self._starts) > STARTS:
+                self._starts.popitem(last=False)
+        return start
+
+    def close(self) -> None:
+        """End the compiler's worker (a later grammar starts it again)."""
+        self._compiler.close()
 
 
 class _Tokens:
@@ -182,13 +237,12 @@ class Constraint:
     """One text's place in a grammar: which tokens may come next, and the text so far.
     ``seconds``: the time spent following it (masks, checks, advancing, forced tokens)."""
 
-    def __init__(self, vocab: GrammarVocabulary, grammar: Grammar, _matcher: Any = None) -> None:
-        from llguidance import LLMatcher
+    def __init__(self, vocab: GrammarVocabulary, grammar: Grammar, matcher: Any) -> None:
         self.grammar, self.vocab = grammar, vocab
         self.seconds = 0.0
         self._forced: Optional[List[int]] = None  # forced() here, until the text moves on
-        self._matcher = _matcher if _matcher is not None else LLMatcher(vocab.tokenizer, grammar.compiled, log_level=0)
-        self._check()
+        self._matcher = matcher  # llguidance's LLMatcher (GrammarVocabulary.start compiles it)
+        self._check("compile")
 
     def fork(self) -> "Constraint":
         """A copy at the same place that moves on alone (a draft looking ahead); this one stays."""
@@ -250,9 +304,9 @@ class Constraint:
         """The text so far is a whole sentence of the grammar (it may end here)."""
         return self._matcher.is_accepting()
 
-    def _check(self) -> None:
+    def _check(self, stage: str = "follow") -> None:
         if self._matcher.is_error():
-            raise GrammarError(f"the grammar cannot follow the text: {_line(self._matcher.get_error())}")
+            raise refused(self.grammar, self._matcher.get_error(), stage)
 
 
 def constraint_of(vocab: Optional[GrammarVocabulary], grammar: Optional[Grammar]) -> Optional[Constraint]:
@@ -261,4 +315,4 @@ def constraint_of(vocab: Optional[GrammarVocabulary], grammar: Optional[Grammar]
         return None
     if vocab is None:
         raise GrammarError("a grammar needs the model's vocabulary")
-    return Constraint(vocab, grammar)
+    return vocab.constraint(grammar)

@@ -49,6 +49,7 @@ class Batcher:
         config = make_config(**options)
         request = Request(self._tokens_of(prompt), config, n, self._strategy)
         check_prompt(len(request.prompt), self.scheduler.limit)  # now, not when it joins the batch
+        self.scheduler.check(request)  # its grammar compiled here, not while the stepping thread waits for the lock
         with self._wake:
             if self._closing:
                 raise LlamaspecError("this batcher is closed")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 import numpy as np
 
 from ..config import GenerationConfig, SamplingConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from ..constraints import Grammar
 from ..sampling import TokenLogprob
 from .engine import Step
@@ -180,8 +180,8 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
                               mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
     if grammar is not None and json_schema is not None:
         raise ConfigError("give a grammar or a JSON schema, not both")
-    rules = Grammar.of(grammar) if grammar is not None else (
-        Grammar.json_schema(json_schema) if json_schema is not None else None)
+    rules = Grammar.of(grammar, "grammar") if grammar is not None else (
+        Grammar.json_schema(json_schema, "json_schema") if json_schema is not None else None)
     return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs,
                             echo=echo, logits_processor=_callbacks(logits_processor, "logits_processor", _chained),
                             stopping_criteria=_callbacks(stopping_criteria, "stopping_criteria", _any))
@@ -194,7 +194,7 @@ def _callbacks(value: Any, name: str, join: Callable[[Sequence[Callable]], Calla
         return value
     if isinstance(value, (list, tuple)) and all(callable(f) for f in value):
         return join(list(value))
-    raise ConfigError(f"{name} is a function of (input_ids, logits) or a list of them, got {value!r}")
+    raise ConfigError(f"{name} is a function of (input_ids, logits) or a list of them, got {shown(value)}")
 
 
 def _chained(processors: Sequence[Callable]) -> Callable:
@@ -221,7 +221,7 @@ def biases(value: Any) -> Tuple[Tuple[int, float], ...]:
             key = int(token)
             out[key] = -math.inf if bias is False else float(bias)  # llama-server: false bans the token
         except (TypeError, ValueError):
-            raise ConfigError(f"logit_bias maps token ids to numbers, got {token!r}: {bias!r}") from None
+            raise ConfigError(f"logit_bias maps token ids to numbers, got {shown(token)}: {shown(bias)}") from None
     return tuple(sorted(out.items()))
 
 

@@ -219,7 +219,9 @@ class Scheduler:
     def n_lanes(self) -> int:
         return len(self.engine.lanes)
 
-    def submit(self, request: Request) -> None:
+    def check(self, request: Request) -> None:
+        """ConfigError (GrammarError) for a request this scheduler cannot run; its grammar is
+        compiled now, in the caller's thread (kept: the stepping thread only copies its start)."""
         if request.n > self.n_lanes:
             raise ConfigError(f"{request.n} samples need {request.n} sequences decoded together; at most "
                               f"{self.n_lanes} here")
@@ -227,6 +229,11 @@ class Scheduler:
         if bad:
             raise ConfigError(f"logit_bias names token {bad[0]}, which is not in the vocabulary of "
                               f"{self.vocab.n_vocab} tokens")
+        if request.config.grammar is not None:
+            constraint_of(self.grammars, request.config.grammar)
+
+    def submit(self, request: Request) -> None:
+        self.check(request)
         self._inbox.put(request)
 
     def cancel(self, request: Request) -> None:

@@ -85,6 +85,8 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
     logger = logging.getLogger("llamaspec.server")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    if grammar is not None:  # every request's that asks for none of its own: compiled once, now
+        spec.compile_grammar(grammar)
     batcher = spec.batcher(parallel) if parallel > 1 else None
     draining = threading.Event()
 

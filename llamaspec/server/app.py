@@ -30,14 +30,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import completions
-from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError
-from .schemas import ChatRequest, CompletionRequest, InfillRequest
+from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
+from .schemas import SHAPES, ChatRequest, CompletionRequest, InfillRequest
 
 log = logging.getLogger("llamaspec.server")
 # Seconds between checks, for an answer under way, that the server is stopping.
 DRAIN_CHECK = 0.1
 # Seconds between tries to load the model again after its RPC servers failed.
 RELOAD_EVERY = 2.0
+# Levels a request body may nest (a JSON schema of 200 levels takes about 400).
+MAX_BODY_DEPTH = 512
 
 
 class Busy(Exception):
@@ -154,8 +156,12 @@ def parse(raw: bytes, model: Any) -> Any:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"the body nests more than {MAX_BODY_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
+    if depth(data, MAX_BODY_DEPTH) > MAX_BODY_DEPTH:
+        raise BadRequest(f"the body nests more than {MAX_BODY_DEPTH} levels deep")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -164,9 +170,26 @@ def parse(raw: bytes, model: Any) -> Any:
         if loc[:1] == ["messages"] and loc[2:3] == ["content"]:  # not pydantic's union of both forms' errors
             where = ".".join(loc[:3])
             raise BadRequest(f"{where}: only text is supported (a string, or parts of type text)", where) from None
+        if loc[:1] and loc[0] in SHAPES and len(loc) > 1:  # a union's member's error would mislead
+            raise BadRequest(f"{loc[0]} is {SHAPES[loc[0]]}, got {shown(data.get(loc[0]), 80)}", loc[0]) from None
         where = ".".join(loc)
         raise BadRequest(f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid"),
                          where or None) from None
+
+
+def depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (a scalar: 0), counted up to just past ``limit``, without recursion."""
+    deepest, level = 0, [(value, 0)]
+    while level:
+        item, d = level.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, d + 1)
+        if deepest > limit:
+            return deepest
+        level.extend((child, d + 1) for child in children)
+    return deepest
 
 
 def error(status: int, message: str, kind: str, param: Optional[str] = None) -> JSONResponse:
@@ -200,7 +223,7 @@ def errors(app: FastAPI) -> None:
     @app.exception_handler(LlamaspecError)
     async def ours(request: Request, exc: LlamaspecError) -> JSONResponse:
         if isinstance(exc, (ConfigError, PromptError, VocabMismatchError)):
-            return error(400, str(exc), "invalid_request_error")
+            return error(400, str(exc), "invalid_request_error", getattr(exc, "where", None) or None)
         return error(500, str(exc), "server_error")
 
     @app.exception_handler(Exception)
@@ -286,6 +309,9 @@ async def _answer(request: Request, body: Any, create_on: Callable[..., Any], wa
     if grammar is not None and not any(arguments.get(k) for k in ("response_format", "grammar", "json_schema")) \
             and arguments.get("tool_choice") in (None, "auto", "none"):  # calls to make have their own grammar
         arguments["grammar"] = grammar
+    rules = completions.grammar_asked(arguments, chat=create_on is completions.create_chat_completion)
+    if rules is not None:  # compiled now, in a worker thread: a request waiting for its turn holds up none
+        await run_in_threadpool(lambda: spec.compile_grammar(rules))
     turn = waiting.admit()
     await turn.start()
     if not body.stream:

@@ -13,6 +13,14 @@ from ..config import MAX_LOGPROBS, SamplingConfig
 
 _S = SamplingConfig()
 
+# What a field of several shapes holds, for a message that says so (pydantic's names the last
+# shape it tried: "logit_bias.dict[str,union[bool,float]].100.bool: Input should be a valid boolean").
+SHAPES = {
+    "logit_bias": 'an object of token ids to numbers (false bans the token), or a list of [token id, number] pairs',
+    "stop": "a string or a list of strings",
+    "prompt": "a string or a list of token ids",
+}
+
 
 class TextPart(BaseModel):
     type: Literal["text"]
