@@ -112,7 +112,10 @@ def answer(request: Dict[str, Any], tok: Any) -> Dict[str, Any]:
 
 def main() -> None:
     stack_mb, memory_mb = int(sys.argv[1]), int(sys.argv[2])
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    except (ValueError, OSError):  # a system that sets no such limit (macOS): the stack and time limits stay
+        pass
     threading.stack_size(stack_mb << 20)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     first = read(stdin)
