@@ -132,8 +132,8 @@ def test_a_crash_of_the_grammar_engine_is_one_line_and_the_next_grammar_compiles
     is compiled by a new worker."""
     with Compiler(stack_mb=1) as compiler:
         with pytest.raises(GrammarError, match=r"^json_schema: the grammar engine crashed compiling it \(SIG"):
-            compiler.compile(Grammar.json_schema(props(2500), "json_schema"))
-        assert compiler.compile(Grammar.json_schema(props(3)))
+            Grammar.json_schema(props(2500), "json_schema").compiled(compiler)
+        assert Grammar.json_schema(props(3)).compiled(compiler)
 
 
 def test_the_schema_that_crashed_the_process_is_refused_and_2500_optional_properties_generate(smol, tmp_path):

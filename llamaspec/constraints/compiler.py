@@ -1,8 +1,9 @@
 """Grammars compiled first where a failure cannot take the caller with it, and within a time limit.
 
     compiler = Compiler(vocabulary)              # the model's (token texts, end tokens), or None
-    compiled = compiler.compile(grammar)         # llguidance's grammar; GrammarError: one line
-                                                 # that names the grammar's field and place
+    compiled = compiler.compile("lark", text)    # llguidance's grammar; GrammarError (it crashed,
+                                                 # ran out of time or memory) or Refused (the
+                                                 # engine's own message, worded by the caller)
     matcher = on_large_stack(lambda: LLMatcher(tokenizer, compiled, limits=limits()))
     compiler.close()
 
@@ -30,13 +31,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
-from ..errors import GrammarError, LlamaspecError, joined
-from .json_schema import where
-
-if TYPE_CHECKING:
-    from .grammar import Grammar
+from ..errors import GrammarError, LlamaspecError
 
 # Seconds a grammar may take to compile (in the worker; here it then takes about as long).
 COMPILE_SECONDS = 1.0
@@ -86,6 +83,15 @@ def on_large_stack(work: Callable[[], T]) -> T:
 _stack_lock = threading.Lock()  # threading.stack_size is the process's: set and reset in turn
 
 
+class Refused(Exception):
+    """The grammar engine refused a grammar: its own ``message`` (``problem`` words it) and the
+    ``stage`` that did, "gbnf" (the conversion) or "compile"."""
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.message, self.stage = message, stage
+
+
 class Compiler:
     """A worker process that compiles grammars first (see the module's text). ``vocabulary``:
     the model's token texts and end tokens (a function that gives them, asked when the worker
@@ -101,9 +107,11 @@ class Compiler:
         self._lock = threading.Lock()
         self._closed = False
 
-    def compile(self, grammar: "Grammar") -> str:
-        """llguidance's compiled grammar, or GrammarError (at ``grammar.field``) that says why not."""
-        request = pickle.dumps({"syntax": grammar.syntax, "text": grammar.text, "limits": LIMITS})
+    def compile(self, syntax: str, text: str) -> str:
+        """llguidance's compiled grammar of ``text`` (``syntax``: "lark" or "gbnf"). GrammarError
+        where the engine crashed or ran out of time or memory on it; Refused with its message
+        where it refused it."""
+        request = pickle.dumps({"syntax": syntax, "text": text, "limits": LIMITS})
         with self._lock:
             if self._closed:
                 raise LlamaspecError("this grammar compiler is closed")
@@ -113,16 +121,17 @@ class Compiler:
                 reply = _read(process, time.monotonic() + self.seconds)
             except TimeoutError:
                 self._stop(kill=True)
-                raise GrammarError(f"compiling it took more than {self.seconds:g} s (the limit); simplify it",
-                                   grammar.field) from None
+                raise GrammarError(f"compiling it took more than {self.seconds:g} s (the limit); simplify it") from None
             except EOFError:
                 code = self._stop()
                 raise GrammarError(f"the grammar engine crashed compiling it ({_signal(code)}: likely nested too "
-                                   f"deeply or too large); simplify it", grammar.field) from None
+                                   f"deeply or too large); simplify it") from None
         answer = json.loads(reply)
         if "grammar" in answer:
             return answer["grammar"]
-        raise refused(grammar, answer["error"], answer["stage"])
+        if answer["stage"] == "memory":
+            raise GrammarError(f"compiling it needs more than {WORKER_MEMORY_MB} MB; simplify it")
+        raise Refused(answer["error"], answer["stage"])
 
     def _started(self) -> subprocess.Popen:
         if self._process is not None and self._process.poll() is None:
@@ -212,23 +221,6 @@ def _signal(code: Optional[int]) -> str:
 # --- the engine's messages, one actionable line each -----------------------------------------
 
 MAX_PROBLEM = 200  # characters of the engine's problem a message keeps (with its place: under 300)
-
-
-def refused(grammar: "Grammar", text: str, stage: str) -> GrammarError:
-    """The GrammarError of the engine's message ``text`` on ``grammar`` (``stage``: "gbnf": its
-    conversion, "compile", "memory", "follow": a text it could not follow)."""
-    if stage == "memory":
-        return GrammarError(f"compiling it needs more than {WORKER_MEMORY_MB} MB; simplify it", grammar.field)
-    said, line = problem(text)
-    if stage == "gbnf":
-        return GrammarError(f"the GBNF grammar does not parse: {said}", grammar.field)
-    if stage == "follow":
-        return GrammarError(f"the grammar cannot follow the text: {said}", grammar.field)
-    if grammar.kind in ("json_schema", "tools"):  # the place in the schema (a tool's: tools[i]...)
-        place = where(grammar.text, line) or ("tools" if grammar.kind == "tools" else "")
-        field = joined(grammar.field, place)
-        return GrammarError(f"the JSON schema is not usable: {said}", field)
-    return GrammarError(f"the grammar is not usable: {said}", grammar.field)
 
 
 REWORDED = [  # the engine's words for a grammar too big to follow, and ours

@@ -34,9 +34,9 @@ from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Protocol, 
 
 import numpy as np
 
-from ..errors import GrammarError
-from .compiler import Compiler, limits, on_large_stack, refused
-from .json_schema import to_lark
+from ..errors import GrammarError, joined
+from .compiler import Compiler, Refused, limits, on_large_stack, problem
+from .json_schema import to_lark, where
 
 STARTS = 32  # grammars whose start a vocabulary keeps compiled
 
@@ -109,12 +109,36 @@ class Grammar:
             return Grammar.gbnf(text, field)
         raise GrammarError(f"a grammar is GBNF text or a llama_cpp.LlamaGrammar, got {type(value).__name__}", field)
 
+    def compiled(self, compiler: Compiler) -> str:
+        """llguidance's grammar, compiled by ``compiler``; GrammarError (at this grammar's field
+        and place) if it does not compile."""
+        try:
+            return compiler.compile(self.syntax, self.text)
+        except Refused as e:
+            raise refused(self, e.message, e.stage) from None
+        except GrammarError as e:
+            raise e.within(self.field) if self.field else e
+
     def check(self) -> "Grammar":
         """This grammar, compiled once on its own (no vocabulary: what a command line checks
         before a model loads); GrammarError if it does not compile."""
         with Compiler() as compiler:
-            compiler.compile(self)
+            self.compiled(compiler)
         return self
+
+
+def refused(grammar: Grammar, text: str, stage: str) -> GrammarError:
+    """The GrammarError of the engine's message ``text`` on ``grammar`` (``stage``: "gbnf": its
+    conversion, "compile", "follow": a text it could not follow)."""
+    said, line = problem(text)
+    if stage == "gbnf":
+        return GrammarError(f"the GBNF grammar does not parse: {said}", grammar.field)
+    if stage == "follow":
+        return GrammarError(f"the grammar cannot follow the text: {said}", grammar.field)
+    if grammar.kind in ("json_schema", "tools"):  # the place in the schema (a tool's: tools[i]...)
+        place = where(grammar.text, line) or ("tools" if grammar.kind == "tools" else "")
+        return GrammarError(f"the JSON schema is not usable: {said}", joined(grammar.field, place))
+    return GrammarError(f"the grammar is not usable: {said}", grammar.field)
 
 
 def _kind(value: Any) -> str:
@@ -183,7 +207,7 @@ class GrammarVocabulary:
             if grammar in self._starts:
                 self._starts.move_to_end(grammar)
                 return self._starts[grammar]
-        compiled = self._compiler.compile(grammar)  # in the worker first: a failure ends it, not us
+        compiled = grammar.compiled(self._compiler)  # in the worker first: a failure ends it, not us
         tokenizer = self.tokenizer
         from llguidance import LLMatcher
         def compiled_here() -> Any:
