@@ -24,8 +24,10 @@ from .api import LlamaSpec, load
 from .engine.batcher import Batcher
 from .engine.scheduler import RequestStream, Stream
 from .engine.generation import Chunk, Result
-from .config import (DraftConfig, GenerationConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig,
-                     SpecConfig)
+from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from .sources import CacheConfig, DraftConfig, LookaheadConfig, LookupConfig, installed_registry
+from .sources.registry import Option, Plugin, Registry, Setup, TextContext
+from .sources.base import Budget, Candidate, Outcome, Proposal, Source
 from .errors import (
     CacheFormatError,
     ConfigError,
@@ -46,6 +48,18 @@ from .engine.stats import SourceStats, Stats
 
 __all__ = [
     "AgreementReport",
+    "Budget",
+    "CacheConfig",
+    "Candidate",
+    "Option",
+    "Outcome",
+    "Plugin",
+    "Proposal",
+    "Registry",
+    "Setup",
+    "Source",
+    "TextContext",
+    "installed_registry",
     "Batcher",
     "CandidateAgreement",
     "CacheFormatError",

@@ -2,41 +2,28 @@
 
 from __future__ import annotations
 
-import os
 import threading
-import warnings
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .llama.binding import Context, Model, gpus, max_sequences, supports_gpu_offload
+from .assembly import MAX_SAMPLES, Assembly
+from .llama.binding import Model
 from .llama.pool import ModelPool
 from .llama.chat import ChatTemplate, Message, fit
 from .llama import infill
-from . import completions
+from .openai import completions
 from .llama import models
-from .planning.acceptance_model import AcceptanceModel
-from .sources.base import Source
-from .sources.draft_model import NAME as DRAFT, DraftSequences
-from .sources.registry import Loaded, Need, Registry, TextContext
-from .sources import default_registry
-from .config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig, prompt_bytes
-from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
-from .errors import ConfigError, LlamaspecError, LlamaspecWarning, PromptError
-from .constraints import Grammar, GrammarVocabulary
-from .sources.ngram_cache import NgramCaches
-from .planning.planner import MAX_LEAVES, Planner
+from .sources import installed_registry
+from .sources.registry import Registry
+from .config import ModelConfig, SpecConfig, prompt_bytes
+from .errors import ConfigError, LlamaspecError, PromptError
+from .constraints import Grammar
 from .engine.engine import Engine, check_prompt
-from .engine.scheduler import Request, RequestStream, Scheduler, Stream
+from .engine.scheduler import Request, RequestStream, Stream
 from .engine.batcher import Batcher
-from .llama.models import resolve_model
 from .engine.generation import Result, last, make_config
-from .llama.vocab import check_compatible
 
 Prompt = Union[str, Sequence[int]]
-
-# Samples of one prompt decoded together at most (each is a KV-cache sequence).
-MAX_SAMPLES = 16
 
 
 class LlamaSpec:
@@ -44,101 +31,39 @@ class LlamaSpec:
 
     ``spec`` chooses the sources (a SpecConfig or its text, as ``--spec`` takes it; default auto:
     every one the loaded models and files allow) among the ``registry``'s (default: the built-in
-    sources); ``lookup`` and ``lookahead`` are their parameters; ``references`` are texts lookup
-    and lookahead may copy from. The caches persist between calls: a prompt that extends the
-    previous one (the next turn of a chat) evaluates only its new tokens. LlamaSpecs given the
-    same ``pool`` share the weights of the models they both load.
+    sources). ``settings``: the sources' settings by keyword (``lookahead_w=8``, as ``load``
+    takes them), or a source's whole config by its name (``{"lookahead": LookaheadConfig(...)}``);
+    ``references`` are texts lookup and lookahead may copy from. The caches persist between
+    calls: a prompt that extends the previous one (the next turn of a chat) evaluates only its
+    new tokens. LlamaSpecs given the same ``pool`` share the weights of the models they both load.
     """
 
-    def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None,
-                 draft_config: DraftConfig = DraftConfig(), cache_dir: Optional[Path] = None,
-                 progress: bool = True, lookup: LookupConfig = LookupConfig(), references: Sequence[str] = (),
-                 lookahead: LookaheadConfig = LookaheadConfig(), spec: Union[SpecConfig, str] = SpecConfig(),
+    def __init__(self, target: ModelConfig, draft: Optional[ModelConfig] = None, *,
+                 settings: Optional[Mapping[str, Any]] = None, cache_dir: Optional[Path] = None,
+                 progress: bool = True, references: Sequence[str] = (), spec: Union[SpecConfig, str] = SpecConfig(),
                  pool: Optional[ModelPool] = None, registry: Optional[Registry] = None) -> None:
-        self.target_config, self.draft_config = target, draft_config
+        self.target_config = target
         self._lock = threading.RLock()
         self._active: Optional[Union[Stream, RequestStream]] = None
         self._closed = False
         self._batchers: List[Batcher] = []
         spec = SpecConfig.parse(spec) if isinstance(spec, str) else spec
-        self.registry = registry if registry is not None else default_registry()
-        given = frozenset(({Need.DRAFT_MODEL} if draft is not None else set())
-                          | ({Need.CACHE_FILES} if lookup.cache_static or lookup.cache_dynamic else set()))
-        names = self.registry.resolve(spec, given)
-        needed = frozenset().union(*(self.registry[n].needs for n in names))
-        readers = [n for n in self.registry.names if self.registry[n].reads_references]
-        if references and not names & set(readers):
-            raise ConfigError(f"references are read by the {' and '.join(readers)} sources; --spec runs none of them")
-        self.spec_name = self.registry.label(names, spec)
-        room = self.registry.room(names, Loaded(lookup=lookup, lookahead=lookahead, draft=draft_config),
-                                  target.n_ctx, target.n_batch, MAX_LEAVES, spec.fixed)
-        leaves, n_seq = room.branches, 1 + room.branches + room.own
-        self._scratch = n_seq - 1  # sequences a step's branches and the sources' own (lookahead's window) may use
-        # loaded once, shared by every text decoded (bad files: fail before loading any model)
-        caches = NgramCaches.open(lookup) if Need.CACHE_FILES in needed else None
-        _warn_about(target, draft)
-        self._pool = pool if pool is not None else ModelPool()
-        self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.offloaded, target.rpc,
-                                    target.tensor_split, target.rpc_timeout)
-        self.draft_model: Optional[Model] = None
-        self.ctx: Optional[Context] = None
-        self._draft_ctx: Optional[Context] = None
-        try:
-            if draft is not None and Need.DRAFT_MODEL in needed:
-                self.draft_model = self._pool.get(resolve_model(draft.path, cache_dir, progress), draft.offloaded,
-                                                  draft.rpc, draft.tensor_split, draft.rpc_timeout)
-                check_compatible(self.model, self.draft_model)
-            if caches is not None:
-                caches.validate_vocab(self.model.n_vocab)
-            if target.n_ctx > self.model.n_ctx_train > 0:
-                warnings.warn(f"the context ({target.n_ctx} tokens) exceeds the {self.model.n_ctx_train} "
-                              f"{self.model.path.name} was trained on: expect worse text past that", LlamaspecWarning,
-                              stacklevel=2)
-            self.ctx = self.model.context(target.n_ctx, target.threads, target.n_batch, n_seq + MAX_SAMPLES)
-            costs_file = models.cache_dir(cache_dir) / "costs.json"
-            curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
-            draft_curve = None
-            if self.draft_model is not None and draft is not None:
-                # a sequence per lane: one text, or the samples of one prompt decoded together
-                self._draft_ctx = self.draft_model.context(draft.n_ctx, draft.threads, draft.n_batch, MAX_SAMPLES)
-                draft_curve = load_or_measure_draft(self._draft_ctx, curve, self.model, costs_file, progress)
-            self._costs = CostModel(curve, {DRAFT: draft_curve} if draft_curve is not None else None)
-            self._names, self._fixed = names, spec.fixed
-            drafts = DraftSequences(self._draft_ctx) if self._draft_ctx is not None else None
-            self._loaded = Loaded(self.model.piece, lookup, lookahead, draft_config, caches, drafts)
-            self._text = TextContext(references=tuple(tuple(self.model.tokenize(text, add_special=False,
-                                                                                 parse_special=False))
-                                                      for text in references))
-            self._leaves = leaves
-            self._grammars = GrammarVocabulary(self.model)  # built when a first request has a grammar
-            self._restart()
-        except BaseException:  # nothing half-loaded stays behind
-            for ctx in (self.ctx, self._draft_ctx):
-                if ctx is not None:
-                    ctx.close()
-            self._release_models()
-            raise
+        self._parts = Assembly(target, draft, settings, cache_dir, progress, references, spec, pool, registry)
+        self.registry, self.spec_name = self._parts.registry, self._parts.spec_name
+        self.model, self.ctx = self._parts.model, self._parts.ctx
+        self._restart()
         self._template: Optional[ChatTemplate] = None
 
+    @property
+    def draft_model(self) -> Optional[Model]:
+        """The draft model, where one is loaded."""
+        return next(iter(self._parts.draft_models), None)
+
     def _restart(self) -> None:
-        """Empty caches and an engine of MAX_SAMPLES lanes on them, one request at a time: fresh
-        sources, acceptance model and planner (the cost model lives on)."""
-        self.ctx.clear()
-        if self._draft_ctx is not None:
-            self._draft_ctx.clear()
-            self._loaded = replace(self._loaded, drafts=DraftSequences(self._draft_ctx))
-        self.engine = Engine(self.ctx, MAX_SAMPLES, self._leaves)
-        self._scheduler = Scheduler(self.engine, self.model, self._sources_for(self._loaded),
-                                    self._planner(self._costs), self.ctx.n_ctx, self.ctx.n_ctx,
-                                    self._acceptance_model(), exclusive=True, grammars=self._grammars)
+        """Empty caches, fresh sources, acceptance model and planner (the cost model lives on)."""
+        self._scheduler = self._parts.scheduler()
+        self.engine: Engine = self._scheduler.engine
 
-    def _acceptance_model(self) -> AcceptanceModel:
-        return AcceptanceModel(self.registry.priors(), self.registry.overall())
-
-    def _planner(self, costs: CostModel) -> Planner:
-        return Planner(costs, self._fixed, self.registry.shadowed())
-
-    # --- text ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
         """Tokens of raw text with special tokens parsed, as llama.cpp's programs tokenize a prompt."""
         self._check_open()
@@ -209,37 +134,11 @@ class LlamaSpec:
         with this LlamaSpec's context size, on a context of their own (see batcher.py), and, with a
         draft model, on a draft context of their own. Their sources: this LlamaSpec's, and
         between samples of one request, consensus. Closed with this LlamaSpec at the latest."""
-        if not 1 <= parallel <= MAX_SAMPLES:
-            raise ConfigError(f"parallel sequences must be between 1 and {MAX_SAMPLES}, got {parallel}")
-        if parallel + self._scratch > max_sequences():
-            raise ConfigError(f"{parallel} parallel sequences and {self._scratch} for drafts exceed the "
-                              f"{max_sequences()} KV-cache sequences llama.cpp allows; lower the parallel "
-                              f"sequences or lookahead's W and G")
         with self._lock:
             self._check_open()
-            cfg, n_ctx = self.target_config, self.ctx.n_ctx
-            # every lane's share, and room for one batch of branch rows on top of them
-            ctx = self.model.context(n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self._scratch)
-            contexts, loaded = [ctx], replace(self._loaded, drafts=None)
-            if self._draft_ctx is not None:
-                d = self._draft_ctx
-                draft_ctx = d.model.context(d.n_ctx * parallel, d.threads, d.n_batch, parallel)
-                contexts.append(draft_ctx)
-                loaded = replace(self._loaded, drafts=DraftSequences(draft_ctx))
-            planner = self._planner(self._costs.fresh())  # learns this batch's timings, not ours
-            scheduler = Scheduler(Engine(ctx, parallel), self.model, self._sources_for(loaded), planner,
-                                  n_ctx * parallel, n_ctx, self._acceptance_model(), grammars=self._grammars)
-            batcher = Batcher(scheduler, contexts, self._prompt_tokens, self.spec_name)
+            batcher = self._parts.batcher(parallel, self._prompt_tokens)
             self._batchers.append(batcher)
             return batcher
-
-    def _sources_for(self, loaded: Loaded) -> Callable[[TextContext], List[Source]]:
-        """The sources of one sample: this LlamaSpec's (a draft model on its lane's sequence, lookup
-        reading its references), between samples of one prompt its siblings' (consensus), and
-        its grammar's, where it has one."""
-        def sources(text: TextContext) -> List[Source]:
-            return self.registry.build(self._names, loaded, replace(text, references=self._text.references))
-        return sources
 
     def chat(self, messages: Sequence[Message], trim: bool = True, **options: Any) -> Result:
         """Reply to chat messages, formatted with the model's own template (see chat_stream)."""
@@ -331,7 +230,7 @@ class LlamaSpec:
         generation compiles its grammar itself; a server calls this before a request takes its
         turn, so that compiling holds up no other request."""
         self._check_open()
-        self._grammars.start(grammar)
+        self._parts.grammars.start(grammar)
 
     # --- llama-cpp-python's completion methods ----------------------------------------------
     def create_completion(self, prompt: Prompt, **kwargs: Any) -> Any:
@@ -369,16 +268,7 @@ class LlamaSpec:
             self._closed = True
             for batcher in self._batchers:
                 batcher.close()
-            self._grammars.close()
-            for ctx in (self.ctx, self._draft_ctx):
-                if ctx is not None:
-                    ctx.close()
-            self._release_models()
-
-    def _release_models(self) -> None:
-        for model in (self.model, self.draft_model):
-            if model is not None:
-                self._pool.release(model)
+            self._parts.close()
 
     def _close_active(self, why: str) -> None:
         """Close the unfinished stream, if any: reading it again raises StreamClosedError(why)."""
@@ -410,49 +300,48 @@ def _utf8(text: str, what: str) -> str:
     return text
 
 
-def _warn_about(*configs: Optional[ModelConfig]) -> None:
-    cores = os.cpu_count() or 1
-    for cfg in configs:
-        if cfg is None:
-            continue
-        if cfg.threads > cores:
-            warnings.warn(f"{cfg.threads} threads on {cores} cores: llama.cpp runs slower with more threads than "
-                          f"cores", LlamaspecWarning, stacklevel=3)
-        if cfg.n_gpu_layers != 0 and not cfg.rpc and not gpus():
-            why = ("found no GPU: the GPU layers run on the CPU" if supports_gpu_offload() else
-                   "was built without GPU support: the GPU layers are ignored (rebuild it with CMAKE_ARGS, see the README)")
-            warnings.warn(f"this llama-cpp-python {why}", LlamaspecWarning, stacklevel=3)
-
-
-def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", lookup: Union[bool, LookupConfig] = False,
-         lookahead: Union[bool, LookaheadConfig] = False, references: Sequence[str] = (),
-         n_ctx: int = ModelConfig.n_ctx, n_threads: Optional[int] = None, n_gpu_layers: int = ModelConfig.n_gpu_layers,
-         n_gpu_layers_draft: int = ModelConfig.n_gpu_layers, draft_max: int = DraftConfig.draft_max,
-         draft_min: int = DraftConfig.draft_min, draft_p_min: float = DraftConfig.draft_p_min,
+def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", references: Sequence[str] = (),
+         sources: Sequence[Any] = (), n_ctx: int = ModelConfig.n_ctx, n_threads: Optional[int] = None,
+         n_gpu_layers: int = ModelConfig.n_gpu_layers, n_gpu_layers_draft: int = ModelConfig.n_gpu_layers,
          cache_dir: Optional[Path] = None, progress: bool = True, rpc: Sequence[str] = (), rpc_draft: bool = False,
-         tensor_split: Sequence[float] = (), rpc_timeout: float = ModelConfig.rpc_timeout) -> LlamaSpec:
+         tensor_split: Sequence[float] = (), rpc_timeout: float = ModelConfig.rpc_timeout,
+         **settings: Any) -> LlamaSpec:
     """Load a target model (a GGUF path or a models.txt name) and optionally a draft model.
 
     ``spec``: "auto" (every source the models allow), "none" (plain decoding) or a list such as
-    "lookup,lookahead,draft". ``lookup=True`` / ``lookahead=True`` are shorthands that restrict
-    the sources to those (plus the draft model when one is given); a LookupConfig or
-    LookaheadConfig sets their parameters. ``references``: texts lookup and lookahead copy from.
+    "lookup,lookahead,draft". ``references``: texts lookup and lookahead copy from. ``sources``:
+    draft sources of one's own (a module's import name, a Python file's path, a module or a
+    Plugin), besides the built-in ones and those installed packages declare. ``settings``: each
+    source's settings by keyword, as the command line's flags (``draft_max``, ``draft_min``,
+    ``draft_p_min``, ``lookup_ngram_min``, ``lookup_cache_static``, ``lookahead_w``...; a source of
+    one's own adds its own); a source's name takes its whole config (``lookahead=LookaheadConfig(w=8)``)
+    or True, which runs it alone (with the draft model when one is given), as ``--lookahead`` does.
     ``rpc``: llama.cpp RPC servers ("HOST:PORT", each running rpc-server) that hold the target's
     layers (all of them unless ``n_gpu_layers`` says how many; ``tensor_split``: each one's share);
     the draft model stays here unless ``rpc_draft``. A decode on them that takes longer than
     ``rpc_timeout`` seconds ends the generation with RemoteError.
     """
-    spec_cfg = SpecConfig.parse(spec)
-    chosen = [name for name, on in (("lookup", lookup), ("lookahead", lookahead)) if on is True]
-    if chosen:
-        if spec_cfg.sources is not None:
-            raise ConfigError("give spec or the lookup=True / lookahead=True shorthands, not both")
-        spec_cfg = SpecConfig(frozenset(chosen + (["draft"] if draft else [])))
+    registry = installed_registry(sources)
+    spec_cfg = alone(registry, SpecConfig.parse(spec), [name for name, on in settings.items() if on is True],
+                     draft is not None, "spec")
     placed = dict(rpc=tuple(rpc), tensor_split=tuple(tensor_split), rpc_timeout=rpc_timeout)
     target = ModelConfig(model, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, **placed)
     draft_cfg = ModelConfig(draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers_draft,
                             **(placed if rpc_draft else {})) if draft else None
-    lookup_cfg = lookup if isinstance(lookup, LookupConfig) else LookupConfig()
-    lookahead_cfg = lookahead if isinstance(lookahead, LookaheadConfig) else LookaheadConfig()
-    return LlamaSpec(target, draft_cfg, DraftConfig(draft_max, draft_min, draft_p_min), cache_dir, progress,
-                     lookup_cfg, references, lookahead_cfg, spec_cfg)
+    return LlamaSpec(target, draft_cfg, settings={k: v for k, v in settings.items() if v is not False},
+                     cache_dir=cache_dir, progress=progress, references=references, spec=spec_cfg, registry=registry)
+
+
+def alone(registry: Registry, spec: SpecConfig, names: Sequence[str], draft: bool, given: str) -> SpecConfig:
+    """``spec``, or the sources ``names`` alone (each one's shorthand: ``--lookup``,
+    ``lookup=True``), with the draft model's source when a draft model is given; ConfigError for
+    both, or a name that is no source with a shorthand (``given``: what the spec was given as)."""
+    if not names:
+        return spec
+    for name in names:
+        if name not in registry.names or not registry[name].alone_flag:
+            raise ConfigError(f"{name}=True: only {', '.join(p.name for p in registry.plugins if p.alone_flag)} "
+                              f"run alone so")
+    if spec.sources is not None:
+        raise ConfigError(f"give {given} or the {' / '.join(names)} shorthands, not both")
+    return SpecConfig(frozenset(list(names) + (registry.on_draft_model() if draft else [])), spec.fixed)

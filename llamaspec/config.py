@@ -1,4 +1,5 @@
-"""Configuration dataclasses. Each validates itself and raises ConfigError on bad values."""
+"""Configuration dataclasses. Each validates itself and raises ConfigError on bad values. (A
+draft source's own settings are declared with its plugin, in its module.)"""
 
 from __future__ import annotations
 
@@ -57,12 +58,13 @@ def endpoint(server: str) -> Tuple[str, int]:
     """An RPC server's ``HOST:PORT`` (as rpc-server listens; an IPv6 host in brackets) as (host,
     port); ConfigError for anything else."""
     host, sep, port = server.strip().rpartition(":")
-    _check(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
+    check(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536,
            f"an RPC server is HOST:PORT (as rpc-server listens), got {server!r}")
     return host.strip("[]"), int(port)
 
 
-def _check(ok: bool, message: str) -> None:
+def check(ok: bool, message: str) -> None:
+    """ConfigError(``message``) unless ``ok``: the one check every config's __post_init__ makes."""
     if not ok:
         raise ConfigError(message)
 
@@ -84,17 +86,17 @@ class ModelConfig:
     rpc_timeout: float = 30.0  # seconds one decode on RPC servers may take before they count as gone
 
     def __post_init__(self) -> None:
-        _check(bool(str(self.path).strip()), "model path is empty")
-        _check(self.n_ctx >= MIN_CTX, f"context size must be at least {MIN_CTX} tokens (llama.cpp's smallest KV "
+        check(bool(str(self.path).strip()), "model path is empty")
+        check(self.n_ctx >= MIN_CTX, f"context size must be at least {MIN_CTX} tokens (llama.cpp's smallest KV "
                                       f"cache), got {self.n_ctx}")
-        _check(self.n_threads is None or self.n_threads >= 1, f"threads must be >= 1, got {self.n_threads}")
-        _check(self.n_gpu_layers >= -1, f"GPU layers must be >= -1, got {self.n_gpu_layers}")
-        _check(self.n_batch >= 1, f"batch size must be >= 1, got {self.n_batch}")
+        check(self.n_threads is None or self.n_threads >= 1, f"threads must be >= 1, got {self.n_threads}")
+        check(self.n_gpu_layers >= -1, f"GPU layers must be >= -1, got {self.n_gpu_layers}")
+        check(self.n_batch >= 1, f"batch size must be >= 1, got {self.n_batch}")
         for server in self.rpc:
             endpoint(server)
-        _check(all(math.isfinite(x) and x >= 0 for x in self.tensor_split) and sum(self.tensor_split or [1]) > 0,
+        check(all(math.isfinite(x) and x >= 0 for x in self.tensor_split) and sum(self.tensor_split or [1]) > 0,
                f"a tensor split is shares >= 0, not all 0, got {','.join(map(str, self.tensor_split))}")
-        _check(self.rpc_timeout > 0, f"the RPC timeout must be > 0 seconds, got {self.rpc_timeout}")
+        check(self.rpc_timeout > 0, f"the RPC timeout must be > 0 seconds, got {self.rpc_timeout}")
 
     @property
     def offloaded(self) -> int:
@@ -145,27 +147,27 @@ class SamplingConfig:
     mirostat_eta: float = 0.1
 
     def __post_init__(self) -> None:
-        _check(math.isfinite(self.temperature) and self.temperature >= 0,
+        check(math.isfinite(self.temperature) and self.temperature >= 0,
                f"temperature must be a finite number >= 0, got {self.temperature}")
-        _check(math.isfinite(self.top_p) and math.isfinite(self.min_p), "top-p and min-p must be finite numbers")
-        _check(self.seed is None or 0 <= self.seed, f"seed must be >= 0 (or -1: random), got {self.seed}")
-        _check(self.seed is None or self.seed < 2**63, f"seed must be below 2**63, got {self.seed}")
-        _check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
-        _check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
-        _check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")
-        _check(0 < self.typical_p <= 1, f"typical-p must be in (0, 1], got {self.typical_p}")
-        _check(math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
+        check(math.isfinite(self.top_p) and math.isfinite(self.min_p), "top-p and min-p must be finite numbers")
+        check(self.seed is None or 0 <= self.seed, f"seed must be >= 0 (or -1: random), got {self.seed}")
+        check(self.seed is None or self.seed < 2**63, f"seed must be below 2**63, got {self.seed}")
+        check(self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}")
+        check(0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}")
+        check(0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}")
+        check(0 < self.typical_p <= 1, f"typical-p must be in (0, 1], got {self.typical_p}")
+        check(math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0,
                f"repeat penalty must be a finite number > 0, got {self.repeat_penalty}")
-        _check(math.isfinite(self.frequency_penalty) and math.isfinite(self.presence_penalty),
+        check(math.isfinite(self.frequency_penalty) and math.isfinite(self.presence_penalty),
                "frequency and presence penalties must be finite numbers")
-        _check(self.penalty_last_n >= -1, f"the penalty window (repeat-last-n) must be >= -1 (-1: the whole text, "
+        check(self.penalty_last_n >= -1, f"the penalty window (repeat-last-n) must be >= -1 (-1: the whole text, "
                                           f"0: none), got {self.penalty_last_n}")
-        _check(self.mirostat in (0, 1, 2), f"mirostat is 0 (off), 1 or 2 (its version), got {self.mirostat}")
-        _check(math.isfinite(self.mirostat_tau) and math.isfinite(self.mirostat_eta),
+        check(self.mirostat in (0, 1, 2), f"mirostat is 0 (off), 1 or 2 (its version), got {self.mirostat}")
+        check(math.isfinite(self.mirostat_tau) and math.isfinite(self.mirostat_eta),
                "mirostat's target entropy (tau) and learning rate (eta) must be finite numbers")
         for token, bias in self.logit_bias:
-            _check(isinstance(token, int) and token >= 0, f"a logit bias's token must be a token id >= 0, got {token!r}")
-            _check(not math.isnan(bias) and bias != math.inf, f"token {token}'s logit bias must be a number or "
+            check(isinstance(token, int) and token >= 0, f"a logit bias's token must be a token id >= 0, got {token!r}")
+            check(not math.isnan(bias) and bias != math.inf, f"token {token}'s logit bias must be a number or "
                                                                f"-inf, got {bias}")
 
     @property
@@ -182,27 +184,6 @@ class SamplingConfig:
     def shaped(self) -> bool:
         """Whether penalties or biases change the logits (the text before a row then matters)."""
         return self.penalized or bool(self.logit_bias)
-
-
-@dataclass(frozen=True)
-class DraftConfig:
-    """Draft-model speculation, with llama.cpp's names.
-
-    The draft proposes up to ``draft_max`` tokens; it stops earlier when the planner's
-    estimate says one more token no longer pays, and when its own probability for the next
-    token falls below ``draft_p_min`` (llama.cpp's rule; llama.cpp's default is 0.75, here 0:
-    the planner decides). A proposal shorter than ``draft_min`` is dropped.
-    """
-
-    draft_max: int = 16
-    draft_min: int = 0
-    draft_p_min: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check(self.draft_max >= 1, f"draft-max must be >= 1, got {self.draft_max}")
-        _check(0 <= self.draft_min <= self.draft_max,
-               f"draft-min must be in [0, draft-max={self.draft_max}], got {self.draft_min}")
-        _check(0 <= self.draft_p_min <= 1, f"draft-p-min must be in [0, 1], got {self.draft_p_min}")
 
 
 @dataclass(frozen=True)
@@ -225,50 +206,12 @@ class GenerationConfig:
     stopping_criteria: Optional[Callable[[Any, Any], bool]] = None
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "
+        check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "
                                       f"context), got {self.max_tokens}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+        check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+        check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                f"log-probabilities are asked for the 0 to {MAX_LOGPROBS} most probable tokens, got {self.logprobs}")
-        _check(not self.echo or self.logprobs is not None, "the prompt's log-probabilities (echo) need logprobs")
-
-
-@dataclass(frozen=True)
-class LookupConfig:
-    """Drafts copied from text already seen: the prompt and output (prompt lookup), reference
-    documents, and llama.cpp-format n-gram caches.
-
-    Matches are n-grams of ``ngram_min`` .. ``ngram_max`` tokens, longest first; occurrences
-    whose preceding tokens agree longest with the text come first (see ``PromptLookup``).
-    Candidates are at most ``draft_max`` tokens; the planner verifies what pays.
-    """
-
-    ngram_min: int = 1
-    ngram_max: int = 4
-    draft_max: int = 31
-    cache_static: Optional[str] = None
-    cache_dynamic: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        _check(1 <= self.ngram_min <= self.ngram_max <= 4,
-               f"lookup n-gram sizes must satisfy 1 <= min <= max <= 4, got {self.ngram_min}..{self.ngram_max}")
-        _check(self.draft_max >= 1, f"lookup draft-max must be >= 1, got {self.draft_max}")
-
-
-@dataclass(frozen=True)
-class LookaheadConfig:
-    """Lookahead decoding: a window of ``w`` columns by ``n - 1`` levels of Jacobi guesses,
-    n-grams of ``n`` tokens, up to ``g`` pool candidates per step (see ``lookahead.py``)."""
-
-    w: int = 4
-    n: int = 4
-    g: int = 4
-
-    def __post_init__(self) -> None:
-        _check(self.w >= 0, f"lookahead W must be >= 0, got {self.w}")
-        _check(self.n >= 2, f"lookahead N must be >= 2, got {self.n}")
-        _check(self.g >= 0, f"lookahead G must be >= 0, got {self.g}")
-        _check(self.w + self.g >= 1, "lookahead needs a window (W >= 1) or candidates (G >= 1)")
+        check(not self.echo or self.logprobs is not None, "the prompt's log-probabilities (echo) need logprobs")
 
 
 @dataclass(frozen=True)
@@ -293,7 +236,7 @@ class SpecConfig:
             return SpecConfig()
         if names == ["none"]:
             return SpecConfig(frozenset())
-        _check(bool(names) and "auto" not in names and "none" not in names,
+        check(bool(names) and "auto" not in names and "none" not in names,
                f"--spec takes auto, none or a comma-separated list of draft sources, got {text!r}")
         return SpecConfig(frozenset(names))
 

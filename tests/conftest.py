@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import llamaspec
-from llamaspec import DraftConfig, LlamaSpec, LookaheadConfig, LookupConfig, ModelConfig, SpecConfig
+from llamaspec import LlamaSpec, ModelConfig, SpecConfig
 from llamaspec.llama.binding import Context, Model
 from llamaspec.llama.pool import ModelPool
 from llamaspec.cli import cli
@@ -72,14 +72,13 @@ def pool() -> ModelPool:
 
 
 def _spec(model_file, pool, target: str, draft: str = None, n_ctx: int = 2048, spec: str = "auto", fixed=(),
-          lookup=LookupConfig(), references=(), lookahead=LookaheadConfig(), registry=None, ngl: int = 0,
-          **draft_cfg) -> LlamaSpec:
-    """``ngl``: layers of both models offloaded to the GPU."""
+          references=(), registry=None, ngl: int = 0, **settings) -> LlamaSpec:
+    """``ngl``: layers of both models offloaded to the GPU; ``settings``: the sources' (by keyword,
+    or a source's config by its name)."""
     tcfg = ModelConfig(str(model_file(target)), n_ctx=n_ctx, n_threads=THREADS, n_gpu_layers=ngl)
     dcfg = ModelConfig(str(model_file(draft)), n_ctx=n_ctx, n_threads=THREADS, n_gpu_layers=ngl) if draft else None
-    return LlamaSpec(tcfg, dcfg, DraftConfig(**draft_cfg), progress=False, lookup=lookup, references=references,
-                     lookahead=lookahead, spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool,
-                     registry=registry)
+    return LlamaSpec(tcfg, dcfg, settings=settings, progress=False, references=references,
+                     spec=SpecConfig.parse(spec).with_fixed(frozenset(fixed)), pool=pool, registry=registry)
 
 
 def _factory(model_file, pool):

@@ -65,7 +65,7 @@ def test_expected_acceptance_matches_real_speculative_sampling(smol, quants, wor
     passes with probability sum_x min(p'(x), q'(x)) at its position."""
     sampling = SamplingConfig(temperature=1.0)
     spec = llamaspec.LlamaSpec(llamaspec.ModelConfig(smol, n_threads=THREADS), llamaspec.ModelConfig(
-        str(quants["Q2_K"]), n_threads=THREADS), llamaspec.DraftConfig(draft_max=1, draft_min=1, draft_p_min=0.0),
+        str(quants["Q2_K"]), n_threads=THREADS), settings=dict(draft_max=1, draft_min=1, draft_p_min=0.0),
         cache_dir=work_cache, progress=False, spec=llamaspec.SpecConfig(frozenset({"draft"}), frozenset({"draft"})),
         pool=pool)
     texts, drafted, accepted = [], 0, 0

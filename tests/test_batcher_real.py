@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llamaspec import ConfigError, PromptError
-from llamaspec import completions
+from llamaspec.openai import completions
 
 from conftest import PROMPTS, SMOL
 from test_samples_real import JSON_PROMPT, assert_as_alone

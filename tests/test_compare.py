@@ -78,10 +78,10 @@ def test_agreement():
 
 
 def test_command_lines_carry_the_same_settings(tmp_path):
-    settings = compare.matched(compare.BenchSettings("m.gguf", "d.gguf", n_predict=32, n_ctx=1024, draft_max=6,
-                                                     draft_min=1, draft_p_min=0.5, n_gpu_layers_draft=-1))
-    lookahead = (settings.lookahead_w, settings.lookahead_n, settings.lookahead_g)
-    assert settings.lookup_draft_max == 6 and lookahead == (15, 5, 15) and settings.lookahead_fixed
+    settings = compare.matched(compare.BenchSettings("m.gguf", "d.gguf", n_predict=32, n_ctx=1024, n_gpu_layers_draft=-1,
+                                                     sources=dict(draft_max=6, draft_min=1, draft_p_min=0.5)))
+    lookahead = tuple(settings.setting(f"lookahead_{k}") for k in "wng")
+    assert settings.setting("lookup_draft_max") == 6 and lookahead == (15, 5, 15) and settings.fixed == ("lookahead",)
     model, draft, prompt = Path("m.gguf"), Path("d.gguf"), tmp_path / "p.txt"
     common = ["-m", "m.gguf", "-f", str(prompt), "-n", "32", "-c", "1024", "-t", "3", "--temp", "0", "-ngl", "0"]
     common += [] if weight_repacking() else ["--no-repack"]  # this build's AMX kernels are off in both

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from scipy.stats import chisquare
 
 from llamaspec.cli import cli
-from llamaspec.config import DraftConfig, SamplingConfig
+from llamaspec import DraftConfig
+from llamaspec.config import SamplingConfig
 from llamaspec.engine.engine import Engine
 from llamaspec.engine.generation import make_config
 from llamaspec.engine.scheduler import Request, Scheduler

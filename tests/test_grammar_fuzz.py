@@ -14,7 +14,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from llamaspec import completions
+from llamaspec.openai import completions
 from llamaspec.constraints import Grammar, GrammarVocabulary
 from llamaspec.constraints.compiler import COMPILE_SECONDS
 from llamaspec.errors import LlamaspecError

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from llama_cpp import LlamaGrammar
 
-from llamaspec.config import DraftConfig, SamplingConfig
+from llamaspec import DraftConfig
+from llamaspec.config import SamplingConfig
 from llamaspec.errors import GrammarError
-from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary
+from llamaspec.constraints import Grammar, GrammarVocabulary
 from llamaspec.measure.compare import find_program, generated_text
 from llamaspec.sources.base import LEAD, Budget
 from llamaspec.sources.draft_model import DraftModelSource
@@ -118,7 +119,7 @@ def test_the_draft_model_follows_the_schema_through_its_forced_tokens(qwen_pair,
     constraint = GrammarVocabulary(qwen_plain.model).constraint(Grammar.json_schema(PERSON))
     for t in written:
         constraint.advance(t)
-    draft = DraftModelSource(qwen_pair._loaded.drafts, 0, DraftConfig(draft_max=8), constraint)
+    draft = DraftModelSource(qwen_pair._parts.loaded["draft"].sequences, 0, DraftConfig(draft_max=8), constraint)
     proposal = draft.propose(tokens + written, Budget(8), SamplingConfig(temperature=0), np.random.default_rng(0))
     (cand,) = proposal.candidates
     assert qwen_plain.model.piece(cand.tokens[0]) == b"age" and cand.evidence[0] == LEAD

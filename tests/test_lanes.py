@@ -12,7 +12,8 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.sources.base import Budget, Candidate
-from llamaspec.config import DraftConfig, LookaheadConfig, SamplingConfig
+from llamaspec import DraftConfig, LookaheadConfig
+from llamaspec.config import SamplingConfig
 from llamaspec.sources.draft_model import DraftModelSource, DraftSequences
 from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, evidence
 from llamaspec.planning.costs import CostCurve, CostModel
@@ -55,8 +56,10 @@ def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus
         out = []
         if lookup:
             out.append(LookupSource())
-        if consensus and text.siblings is not None:  # several samples of one prompt
-            out.append(ConsensusSource(text.siblings, text.sample))
+        if consensus and text.group is not None:  # several samples of one prompt
+            out.append(ConsensusSource(text.group.shared("consensus", lambda: Siblings(text.group.n,
+                                                                                       text.group.prompt_len)),
+                                       text.sample))
         if drafts is not None:
             out.append(DraftModelSource(drafts, text.lane, DraftConfig(draft_max=6)))
         return out

@@ -124,9 +124,10 @@ def test_parameters_that_cannot_fit_are_refused_before_loading(tmp_path):
     missing = str(tmp_path / "not-loaded.gguf")  # never opened: the check comes first
     fixed = SpecConfig(frozenset({"lookahead"}), frozenset({"lookahead"}))
     with pytest.raises(ConfigError, match="more than half"):
-        LlamaSpec(ModelConfig(missing, n_ctx=256), lookahead=LookaheadConfig(15, 5, 20), spec=fixed, progress=False)
+        LlamaSpec(ModelConfig(missing, n_ctx=256), settings={"lookahead": LookaheadConfig(15, 5, 20)}, spec=fixed,
+                  progress=False)
     with pytest.raises(ConfigError, match="llama.cpp allows at most"):
-        LlamaSpec(ModelConfig(missing, n_ctx=65536, n_batch=4096), lookahead=LookaheadConfig(250, 2, 10),
+        LlamaSpec(ModelConfig(missing, n_ctx=65536, n_batch=4096), settings={"lookahead": LookaheadConfig(250, 2, 10)},
                   progress=False)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llamaspec import LookupConfig, SamplingConfig
+from llamaspec import CacheConfig, SamplingConfig
 from llamaspec.sources.base import Budget, length_bucket
 from llamaspec.sources.lookup import (CONTESTED, FRESH, IN_STEP, OUT_OF_STEP, OWN_MATCH, RESUMED, Anchored, LookupSource,
                                       Matched, PromptLookup, TokenIndex)
@@ -244,7 +244,7 @@ def test_lookup_source_proposes_up_to_the_budget():
 
 def test_ngram_caches_follow_draft_and_persist(tmp_path):
     path = tmp_path / "dynamic.bin"
-    caches = NgramCaches.open(LookupConfig(cache_dynamic=str(path)))
+    caches = NgramCaches.open(CacheConfig(dynamic=str(path)))
     caches.validate_vocab(100)
     source = CacheSource(caches)
     proposal = source.propose([1, 2, 3, 4, 1, 2, 3], Budget(max_len=2), GREEDY, None)

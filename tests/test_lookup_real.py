@@ -126,10 +126,10 @@ def test_reference_documents_are_copied(make_spec, smol_plain, reference):
 
 def test_dynamic_cache_is_written_and_reused(make_spec, tmp_path):
     path = tmp_path / "dynamic.bin"
-    spec = make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_dynamic=str(path)))
+    spec = make_spec(SMOL, spec="lookup", lookup_cache_dynamic=str(path))
     first = spec.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
     assert path.is_file() and len(NgramCache.load(path)) > 0
-    again = make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_dynamic=str(path)))
+    again = make_spec(SMOL, spec="lookup", lookup_cache_dynamic=str(path))
     second = again.generate(chatml("List the days of the week."), max_tokens=32, temperature=0)
     assert second.tokens == first.tokens
 
@@ -138,12 +138,12 @@ def test_bad_cache_files(make_spec, tmp_path, model_file):
     text = tmp_path / "notes.txt"
     text.write_text("not a cache at all\n")
     with pytest.raises(CacheFormatError):
-        make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_static=str(text)))
+        make_spec(SMOL, spec="lookup", lookup_cache_static=str(text))
     big = NgramCache({(200000,): {1: 1}})
     other_vocab = tmp_path / "other.bin"
     big.save(other_vocab)
     with pytest.raises(CacheFormatError, match="vocabulary"):
-        make_spec(SMOL, spec="lookup", lookup=LookupConfig(cache_static=str(other_vocab)))
+        make_spec(SMOL, spec="lookup", lookup_cache_static=str(other_vocab))
     with pytest.raises(ConfigError):
         LookupConfig(ngram_min=3, ngram_max=2)
 

@@ -15,7 +15,7 @@ from llamaspec.sources.base import LEAD, Budget, Candidate, Outcome, Proposal, S
 from llamaspec.sources.consensus import Siblings
 from llamaspec.sources.draft_model import PLUGIN as DRAFT
 from llamaspec.sources.ngram_cache import NgramCache, NgramCaches
-from llamaspec.sources.registry import Loaded, Need, Plugin, TextContext
+from llamaspec.sources.registry import Group, Plugin, Setup, TextContext
 from llamaspec.sources import default_registry
 
 from conftest import PROMPTS, SMOL
@@ -23,7 +23,7 @@ from test_greedy_real import check_greedy
 from test_samples_real import assert_sampled_as_alone
 
 REGISTRY = default_registry()
-EVERYTHING = frozenset({Need.DRAFT_MODEL, Need.CACHE_FILES})
+EVERYTHING = frozenset({"draft", "cache"})  # the sources with something to load, all given it
 ANSWERS = json.loads((Path(__file__).parent / "data" / "answers.json").read_text())
 GREEDY = SamplingConfig(temperature=0)
 
@@ -59,13 +59,18 @@ def test_labels_and_what_the_registry_says_of_each_source():
         REGISTRY.with_(DRAFT)
 
 
+def with_caches(caches: NgramCaches) -> dict:
+    """Each source's Setup, the cache source's with ``caches`` loaded."""
+    setups = REGISTRY.setups()
+    return {**setups, "cache": Setup(setups["cache"].config, caches)}
+
+
 def test_every_source_is_built_where_its_needs_are_met():
-    caches = NgramCaches(1, 2, NgramCache(), NgramCache())
-    loaded = Loaded(caches=caches)
+    setups = with_caches(NgramCaches(1, 2, NgramCache(), NgramCache()))
     everyone = frozenset(REGISTRY.names) - {"draft"}
-    alone = REGISTRY.build(everyone, loaded)
+    alone = REGISTRY.build(everyone, setups)
     assert [s.name for s in alone] == ["lookup", "cache", "lookahead"]
-    lane = REGISTRY.build(everyone, loaded, TextContext(siblings=Siblings(2, 3), sample=1))
+    lane = REGISTRY.build(everyone, setups, TextContext(group=Group(2, 3), sample=1))
     assert [s.name for s in lane] == ["lookup", "cache", "lookahead", "consensus"] and lane[-1].sample == 1
     assert all(isinstance(s, Source) for s in lane)
 
@@ -95,16 +100,16 @@ def test_every_evidence_key_a_source_gives_has_a_prior():
 them) all have one. (The grammar's keys, which need a model's vocabulary: test_grammar_real.py.)"""
     for name, item in list(ANSWERS.items())[:3]:
         prompt, answer = item["prompt"], item["answer"]
-        board = Siblings(2, len(prompt))
-        board.update(0, [*prompt, *answer])
+        group = Group(2, len(prompt))
+        group.shared("consensus", lambda: Siblings(2, len(prompt))).update(0, [*prompt, *answer])
         dynamic = NgramCache()  # holds the answer: the cache source proposes
         dynamic.update([*prompt, *answer], 1, 2, len(prompt) + len(answer))
-        loaded = Loaded(caches=NgramCaches(1, 2, NgramCache(), dynamic))
-        text = TextContext(siblings=board, sample=1)
+        setups = with_caches(NgramCaches(1, 2, NgramCache(), dynamic))
+        text = TextContext(group=group, sample=1)
         for plugin in REGISTRY.plugins:
             if plugin.name in ("draft", "grammar"):
                 continue
-            source = plugin.build(loaded, text)
+            source = plugin.build(setups[plugin.name], text)
             keys = keys_given(source, prompt, answer, rider=True)
             assert keys, f"{plugin.name} proposed nothing on {name}"
             missing = (keys | ({LEAD} if source.past_forced else set())) - set(plugin.priors)
@@ -135,7 +140,8 @@ class Echo(Source):
 
 
 def echo_registry(calls: List[int]):
-    return default_registry().with_(Plugin("echo", lambda loaded, text: Echo(calls), {"again": 0.3}, overall=0.3))
+    return default_registry().with_(Plugin(name="echo", build=lambda setup, text: Echo(calls), priors={"again": 0.3},
+                                           overall=0.3))
 
 
 def test_a_source_of_ones_own_runs_in_auto_in_one_text_and_in_lanes(make_spec, smol_plain, reference):

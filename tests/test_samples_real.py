@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llamaspec import ConfigError, DraftConfig, LlamaSpec, LookupConfig, ModelConfig, SpecConfig
+from llamaspec import ConfigError, LlamaSpec, ModelConfig, SpecConfig
 from llamaspec.llama.binding import quantize
 from llamaspec.config import SamplingConfig
-from llamaspec.sources.consensus import ConsensusSource
+from llamaspec.sources.consensus import ConsensusSource, Siblings
 from llamaspec.engine.generation import make_config
 from llamaspec.engine.engine import Engine
 from llamaspec.llama.binding import Context
-from llamaspec.sources.draft_model import DraftSequences
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.sources.ngram_cache import NgramCache
 from llamaspec.planning.planner import Planner
@@ -102,8 +101,9 @@ def lanes_of(spec, n_lanes: int) -> Engine:
 
 
 def scheduler(spec, n_lanes: int) -> Scheduler:
-    return Scheduler(lanes_of(spec, n_lanes), spec.model, lambda text: [LookupSource()] + ([ConsensusSource(text.siblings, text.sample)] if text.siblings else []),
-                     Planner(spec._costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
+    return Scheduler(lanes_of(spec, n_lanes), spec.model, lambda text: [LookupSource()] + ([ConsensusSource(
+        text.group.shared("consensus", lambda: Siblings(text.group.n, text.group.prompt_len)), text.sample)]
+        if text.group else []), Planner(spec._parts.costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
 
 
 def drive(sched: Scheduler, requests, check=lambda engine: None) -> None:
@@ -164,13 +164,13 @@ def test_lanes_draft_with_every_text_source(make_spec, reference, tmp_path):
     greedy text as alone, every lane's cache exact after every step, the dynamic cache drafting
     what earlier generations wrote and learning each lane's text."""
     path = tmp_path / "dynamic.bin"
-    spec = make_spec(SMOL, spec="lookup,cache,lookahead", lookup=LookupConfig(cache_dynamic=str(path)))
+    spec = make_spec(SMOL, spec="lookup,cache,lookahead", lookup_cache_dynamic=str(path))
     prompts = [spec.tokenize(p) for p in [*PROMPTS, chatml("List the days of the week.")]]
     alone = [spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts[:3]]  # the cache learns these
     learned = len(NgramCache.load(path))
     spec.reset()
-    sched = Scheduler(lanes_of(spec, 3), spec.model, spec._sources_for(spec._loaded),
-                      Planner(spec._costs, frozenset({"lookahead"})), spec.ctx.n_ctx, spec.ctx.n_ctx)
+    sched = Scheduler(lanes_of(spec, 3), spec.model, spec._parts.sources_for(spec._parts.setups),
+                      Planner(spec._parts.costs, frozenset({"lookahead"})), spec.ctx.n_ctx, spec.ctx.n_ctx)
     requests = [Request(p, make_config(max_tokens=40, temperature=0)) for p in prompts]
     drive(sched, requests)
     sources = sum_sources([r.results[0].stats for r in requests])
@@ -196,16 +196,15 @@ def test_samples_with_a_draft_model(model_file, pool, smol_q8, reference):
     at a near-tie)."""
     target = ModelConfig(str(model_file(SMOL)), n_ctx=2048, n_threads=THREADS)
     draft = ModelConfig(str(smol_q8), n_ctx=2048, n_threads=THREADS)
-    spec = LlamaSpec(target, draft, DraftConfig(draft_max=4), progress=False,
+    spec = LlamaSpec(target, draft, settings=dict(draft_max=4), progress=False,
                      spec=SpecConfig(frozenset({"draft"}), frozenset({"draft"})), pool=pool)
     try:
         prompts = [spec.tokenize(p) for p in PROMPTS]
         alone = [spec.generate(p, max_tokens=32, temperature=0).tokens for p in prompts]
-        d = spec._draft_ctx
-        drafts = Context(d.model, d.n_ctx * 3, d.threads, d.n_batch, 3)
-        loaded = replace(spec._loaded, drafts=DraftSequences(drafts))
-        sched = Scheduler(lanes_of(spec, 3), spec.model, spec._sources_for(loaded), spec._planner(spec._costs),
-                          spec.ctx.n_ctx, spec.ctx.n_ctx)
+        drafts = spec._parts.loaded["draft"].for_lanes(3)
+        setups = {n: replace(s, loaded=drafts) if n == "draft" else s for n, s in spec._parts.setups.items()}
+        sched = Scheduler(lanes_of(spec, 3), spec.model, spec._parts.sources_for(setups),
+                          spec._parts.planner(spec._parts.costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
         requests = [Request(p, make_config(max_tokens=32, temperature=0)) for p in prompts]
         drive(sched, requests)
         for i, (p, r, expected) in enumerate(zip(prompts, requests, alone)):
@@ -218,6 +217,7 @@ def test_samples_with_a_draft_model(model_file, pool, smol_q8, reference):
             single = spec.generate(PROMPTS[1], max_tokens=24, temperature=0.8, seed=3 + i)
             assert_sampled_as_alone(reference(SMOL), prompts[1], result.tokens, single.tokens,
                                     SamplingConfig(temperature=0.8), 3 + i, f"sample {i}")
+        drafts.close()
     finally:
         spec.close()
 

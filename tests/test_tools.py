@@ -9,8 +9,8 @@ import json
 import pytest
 
 from llamaspec.errors import ConfigError
-from llamaspec.constraints import Constraint, Grammar
-from llamaspec.tools import CallReader, Tools, grammar_with, read, template_tools, with_calls
+from llamaspec.constraints import Grammar
+from llamaspec.openai.tools import CallReader, Tools, grammar_with, read, template_tools, with_calls
 
 from test_grammar import grammar_vocabulary
 

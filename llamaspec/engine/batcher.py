@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, List, Sequence, Union
 
-from ..llama.binding import Context
 from ..errors import LlamaspecError
 from .generation import make_config
 from .engine import check_prompt
@@ -25,13 +24,13 @@ Prompt = Union[str, Sequence[int]]
 
 
 class Batcher:
-    """Steps ``scheduler`` on a thread of its own while it has work; ``contexts``: those it
-    decodes on (the target's, a draft model's), freed when it closes. ``tokens_of``: a prompt's
+    """Steps ``scheduler`` on a thread of its own while it has work; ``owned``: what it decodes
+    on (the target's context, a draft model's), each closed when it closes. ``tokens_of``: a prompt's
     tokens (validated); ``strategy``: the name results report."""
 
-    def __init__(self, scheduler: Scheduler, contexts: Sequence[Context], tokens_of: Callable[[Prompt], List[int]],
+    def __init__(self, scheduler: Scheduler, owned: Sequence[Any], tokens_of: Callable[[Prompt], List[int]],
                  strategy: str) -> None:
-        self.scheduler, self.contexts = scheduler, list(contexts)
+        self.scheduler, self.owned = scheduler, list(owned)
         self._tokens_of, self._strategy = tokens_of, strategy
         self._wake = threading.Condition()
         self._closing = False
@@ -83,8 +82,8 @@ class Batcher:
             self._closing = True
             self._wake.notify()
         self._thread.join()
-        for ctx in self.contexts:
-            ctx.close()
+        for thing in self.owned:
+            thing.close()
 
     def __enter__(self) -> "Batcher":
         return self

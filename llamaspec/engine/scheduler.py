@@ -31,10 +31,9 @@ import numpy as np
 from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Source
 from ..config import GenerationConfig
-from ..sources.consensus import Siblings
 from ..errors import ConfigError, LlamaspecError, RemoteError, StreamClosedError
 from ..constraints import Constraint, GrammarVocabulary, constraint_of
-from ..sources.registry import TextContext
+from ..sources.registry import Group, TextContext
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
 from .engine import Engine
 from ..planning.planner import Planner
@@ -303,14 +302,14 @@ class Scheduler:
         p = len(request.prompt)
         share = self.cells if self.exclusive else self.cells * request.n // self.n_lanes
         limit = min(self.limit, p + (share - p) // request.n)
-        siblings = Siblings(request.n, p) if request.n > 1 else None  # a text alone has none
+        group = Group(request.n, p) if request.n > 1 else None  # a text alone has no siblings
         config = request.config
         seed = seed_of(config.sampling)
         max_new = config.max_tokens if config.max_tokens >= 0 else limit
         t0 = time.perf_counter()
         try:
             constraints = [constraint_of(self.grammars, config.grammar) for _ in lanes]
-            speculators = self._speculators(request, lanes, siblings, constraints)
+            speculators = self._speculators(request, lanes, group, constraints)
             seeds = [(np.random.default_rng(seed + i), Uniforms(seed + i)) for i in range(request.n)]
             n_eval = self.engine.start(lanes, request.prompt, speculators, config.sampling, seeds, max_new, limit,
                                        constraints, config.logprobs, config.echo, config.logits_processor,
@@ -326,7 +325,7 @@ class Scheduler:
                                           self._busy(speculators[i]))
         return True
 
-    def _speculators(self, request: Request, lanes: Sequence[int], siblings: Optional[Siblings],
+    def _speculators(self, request: Request, lanes: Sequence[int], group: Optional[Group],
                      constraints: Sequence[Optional[Constraint]]) -> List[Speculator]:
         """Each sample's speculator: fresh sources, the shared acceptance model and planner. One
         text decoded alone (``exclusive``) and free of any grammar goes on with the last such
@@ -337,7 +336,7 @@ class Scheduler:
             self.model.forget()
         if self._continues(request) and self._kept is not None and self._kept[0] == lanes[0]:
             return [self._kept[1]]
-        return [Speculator(self.sources(TextContext(lane, siblings=siblings, sample=i, constraint=constraints[i])),
+        return [Speculator(self.sources(TextContext(lane, group=group, sample=i, constraint=constraints[i])),
                            self.model, self.planner, self.vocab.eog_tokens)
                 for i, lane in enumerate(lanes)]
 

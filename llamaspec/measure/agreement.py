@@ -32,15 +32,18 @@ from ..config import ModelConfig, SamplingConfig
 from ..planning.costs import CostModel, load_or_measure
 from .divergence import Positions, compare, full_runs, speedups, tokens_per_step
 from ..errors import ConfigError, PromptError
-from ..json_table import read_table, write_table
+from ..llama.tables import read_table, write_table
 from ..llama.vocab import check_compatible
-from ..sources.draft_model import NAME as DRAFT
+from ..sources import default_registry
 
 BATCH = 256  # rows evaluated with logits at a time
 K_MAX = 16
 # (lowest top-1 agreement, verdict) for a quantization of the reference, best first.
 QUANT_VERDICTS = ((0.93, "agrees like a healthy quant"), (0.85, "lossy: a low-bit quant"),
                   (0.0, "far below: likely broken"))
+
+# the source a draft model drafts as (its cost curve's name in a CostModel)
+DRAFT = default_registry().on_draft_model()[0]
 
 
 @dataclass(frozen=True)

@@ -54,14 +54,15 @@ PROGRAMS: Dict[str, str] = {
 
 
 # compiled into llama-lookahead, which decodes the whole window and all G candidates every step
-LLAMA_LOOKAHEAD = {"lookahead_w": 15, "lookahead_n": 5, "lookahead_g": 15, "lookahead_fixed": True}
+LLAMA_LOOKAHEAD = {"lookahead_w": 15, "lookahead_n": 5, "lookahead_g": 15}
 
 
 def matched(settings: BenchSettings) -> BenchSettings:
     """``settings`` with llamaspec's lookup and lookahead set as the programs run them: lookup
     drafts at most --draft-max tokens, lookahead uses llama-lookahead's W, N and G and, like it,
     decodes the whole window every step."""
-    return replace(settings, lookup_draft_max=settings.draft_max, **LLAMA_LOOKAHEAD)
+    return replace(settings, sources={**settings.sources, "lookup_draft_max": settings.setting("draft_max"),
+                                      **LLAMA_LOOKAHEAD}, fixed=tuple(sorted({*settings.fixed, "lookahead"})))
 
 
 def default_strategies(settings: BenchSettings) -> List[str]:
@@ -101,11 +102,11 @@ def command(strategy: str, program: Path, model: Path, draft: Optional[Path], pr
         cmd += ["-no-cnv", "--no-display-prompt"]  # raw prompt, no chat template; stdout is the text
     elif strategy == "draft":
         cmd += ["-md", str(draft), "-td", str(threads), "--spec-type", "draft-simple",
-                "--spec-draft-n-max", str(s.draft_max), "--spec-draft-n-min", str(s.draft_min),
-                "--spec-draft-p-min", str(s.draft_p_min),
+                "--spec-draft-n-max", str(s.setting("draft_max")), "--spec-draft-n-min", str(s.setting("draft_min")),
+                "--spec-draft-p-min", str(s.setting("draft_p_min")),
                 "-ngld", _layers(s.draft_model_config().offloaded if s.draft_model else s.n_gpu_layers_draft)]
     elif strategy == "lookup":
-        cmd += ["--spec-draft-n-max", str(s.draft_max)]
+        cmd += ["--spec-draft-n-max", str(s.setting("draft_max"))]
     return cmd  # llama-lookahead: W = 15, N = 5, G = 15 are compiled in
 
 
@@ -229,8 +230,8 @@ class CompareReport:
     def table(self) -> str:
         s, m = self.settings, self.machine
         lines = [f"{s.model}, prompt {self.prompt} ({self.n_prompt} tokens), {s.n_predict} tokens, greedy, "
-                 f"threads {m.threads} ({m.backend}), draft-max {s.draft_max}"
-                 + (f", draft {s.draft_model} (draft-p-min {s.draft_p_min})" if s.draft_model else "")]
+                 f"threads {m.threads} ({m.backend}), draft-max {s.setting('draft_max')}"
+                 + (f", draft {s.draft_model} (draft-p-min {s.setting('draft_p_min')})" if s.draft_model else "")]
         cells = [("strategy", "llama.cpp program", "llama.cpp t/s", "llamaspec t/s", "ratio", "accept llama.cpp",
                   "accept llamaspec", "text / status")]
         for r in self.rows:

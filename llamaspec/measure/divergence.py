@@ -26,9 +26,12 @@ from ..engine.acceptance import align
 from ..config import SamplingConfig
 from ..planning.costs import CostModel
 from ..sampling import transform
-from ..sources.draft_model import NAME as DRAFT
+from ..sources import default_registry
 
 ROWS = 32  # rows converted to float64 at a time (a row of a 150k vocabulary: 1.2 MB)
+
+# the source a draft model drafts as (its cost curve's name in a CostModel)
+DRAFT = default_registry().on_draft_model()[0]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from ..sources.base import Candidate, Outcome
 from ..config import SamplingConfig
 from ..planning.costs import N_MAX, CostCurve, CostModel
 from ..planning.shape import Shape, decode
-from ..sources.registry import Loaded
 from ..sources import default_registry
 from ..planning.planner import MAX_LEAVES, Limits, Planner
 from ..sequences import common_prefix
@@ -68,7 +67,7 @@ def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"
     when given the ``vocab``) with a fresh acceptance model (or ``model``) and a planner on
     ``curve``; candidates end at the vocab's end-of-generation tokens."""
     registry = default_registry()
-    built = registry.build(frozenset(sources), Loaded(piece=vocab.piece if vocab is not None else None))
+    built = registry.build(frozenset(sources), registry.setups(piece=vocab.piece if vocab is not None else None))
     return Speculator(built, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
                       vocab.eog_tokens if vocab is not None else frozenset())
 

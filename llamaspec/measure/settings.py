@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..llama.pool import ModelPool
 from ..api import LlamaSpec
-from ..config import DraftConfig, LookaheadConfig, LookupConfig, ModelConfig, SamplingConfig, SpecConfig
+from ..config import ModelConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError
-from ..sources.registry import Need
 from ..sources import default_registry
-
-_DRAFT, _LOOKUP, _LOOKAHEAD = DraftConfig(), LookupConfig(), LookaheadConfig()
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """Models and settings shared by every strategy. Greedy unless ``temperature`` > 0."""
+    """Models and settings shared by every strategy. Greedy unless ``temperature`` > 0.
+    ``sources``: the draft sources' settings by keyword, as ``llamaspec.load`` takes them
+    (``draft_max``, ``lookahead_w``...; the others keep their defaults); ``fixed``: sources
+    verified whole every step where a strategy runs them (lookahead: all G candidates and the
+    whole window, as llama-lookahead does)."""
 
     model: str
     draft_model: Optional[str] = None
@@ -27,14 +28,6 @@ class BenchSettings:
     n_threads: Optional[int] = None
     n_gpu_layers: int = ModelConfig.n_gpu_layers
     n_gpu_layers_draft: int = ModelConfig.n_gpu_layers
-    draft_max: int = _DRAFT.draft_max
-    draft_min: int = _DRAFT.draft_min
-    draft_p_min: float = _DRAFT.draft_p_min
-    lookup_draft_max: int = _LOOKUP.draft_max
-    lookahead_w: int = _LOOKAHEAD.w
-    lookahead_n: int = _LOOKAHEAD.n
-    lookahead_g: int = _LOOKAHEAD.g
-    lookahead_fixed: bool = False  # every step verifies all G candidates and decodes the whole window
     temperature: float = 0.0
     seed: Optional[int] = None
     repeat: int = 3
@@ -42,6 +35,8 @@ class BenchSettings:
     rpc_draft: bool = False
     tensor_split: Tuple[float, ...] = ()
     rpc_timeout: float = ModelConfig.rpc_timeout
+    sources: Dict[str, Any] = field(default_factory=dict)
+    fixed: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_predict < 1 and self.n_predict != -1:
@@ -49,7 +44,8 @@ class BenchSettings:
                               f"got {self.n_predict}")
         if self.repeat < 1:
             raise ConfigError(f"repeat must be >= 1, got {self.repeat}")
-        self.draft_config(), self.lookup_config(), self.lookahead_config(), self.target_config()  # validate now
+        default_registry().configs(self.sources)  # validate now
+        self.target_config()
         SamplingConfig(temperature=self.temperature, seed=self.seed)
 
     def target_config(self) -> ModelConfig:
@@ -65,14 +61,9 @@ class BenchSettings:
     def _placed(self) -> dict:
         return dict(rpc=tuple(self.rpc), tensor_split=tuple(self.tensor_split), rpc_timeout=self.rpc_timeout)
 
-    def draft_config(self) -> DraftConfig:
-        return DraftConfig(self.draft_max, self.draft_min, self.draft_p_min)
-
-    def lookup_config(self) -> LookupConfig:
-        return LookupConfig(draft_max=self.lookup_draft_max)
-
-    def lookahead_config(self) -> LookaheadConfig:
-        return LookaheadConfig(w=self.lookahead_w, n=self.lookahead_n, g=self.lookahead_g)
+    def setting(self, keyword: str) -> Any:
+        """A source's setting: as given, else its default."""
+        return self.sources.get(keyword, default_registry().options()[keyword][1])
 
 
 @dataclass(frozen=True)
@@ -84,20 +75,26 @@ class Strategy:
 
     @property
     def needs_draft(self) -> bool:
-        registry = default_registry()
-        return any(Need.DRAFT_MODEL in registry[name].needs for name in self.spec.sources or ())
+        return bool(set(self.spec.sources or ()) & set(default_registry().on_draft_model()))
 
 
-# What a bench can give a source: its draft model (-md); no cache files, siblings or grammar.
-_BENCHED = frozenset({Need.DRAFT_MODEL})
-STRATEGIES: Dict[str, Strategy] = {
-    "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
-    **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name})))  # each source that runs alone here
-       for p in default_registry().plugins if p.needs <= _BENCHED and p.joins is None},
-    "draft-fixed": Strategy("the draft model every step, --draft-max tokens (llama-speculative-simple's way)",
-                            SpecConfig(frozenset({"draft"}), frozenset({"draft"}))),
-    "auto": Strategy("every source the models allow, chosen step by step (the default)", SpecConfig()),
-}
+def _strategies() -> Dict[str, Strategy]:
+    """Plain, each source that runs alone here (on the models a bench takes: no cache files,
+    siblings or grammar), the draft model verified whole, and auto."""
+    registry = default_registry()
+    alone = [p for p in registry.plugins if not p.needs and p.joins is None
+             and (p.load is None or p.name in registry.on_draft_model())]
+    return {
+        "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
+        **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name}))) for p in alone},
+        **{f"{name}-fixed": Strategy(f"the {name} source every step, verified whole (llama-speculative-simple's "
+                                     f"way)", SpecConfig(frozenset({name}), frozenset({name})))
+           for name in registry.on_draft_model()},
+        "auto": Strategy("every source the models allow, chosen step by step (the default)", SpecConfig()),
+    }
+
+
+STRATEGIES = _strategies()
 
 
 def default_strategies(settings: BenchSettings) -> List[str]:
@@ -119,9 +116,9 @@ def build_spec(name: str, settings: BenchSettings, cache_dir: Optional[Path] = N
     """A LlamaSpec running strategy ``name``; auto uses the draft model when one is given.
     Strategies built with one ``pool`` share their models' weights."""
     spec = STRATEGIES[name].spec
-    if settings.lookahead_fixed and "lookahead" in (spec.sources or ()):
-        spec = spec.with_fixed(frozenset({"lookahead"}))
-    uses_draft = "draft" in (spec.sources if spec.sources is not None else {"draft"})
+    runs = spec.sources if spec.sources is not None else frozenset(default_registry().names)
+    spec = spec.with_fixed(frozenset(settings.fixed) & runs)
+    uses_draft = bool(set(runs) & set(default_registry().on_draft_model()))
     draft = settings.draft_model_config() if uses_draft else None
-    return LlamaSpec(settings.target_config(), draft, settings.draft_config(), cache_dir, progress,
-                     lookup=settings.lookup_config(), lookahead=settings.lookahead_config(), spec=spec, pool=pool)
+    return LlamaSpec(settings.target_config(), draft, settings=settings.sources, cache_dir=cache_dir,
+                     progress=progress, spec=spec, pool=pool)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..llama.binding import Context, Model, backend_name
 from ..errors import ConfigError
-from ..json_table import read_table, write_table
+from ..llama.tables import read_table, write_table
 
 SIZES = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
 N_MAX = 32

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .. import completions
+from ..openai import completions
 from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
 from .schemas import SHAPES, ChatRequest, CompletionRequest, InfillRequest
 

@@ -2,17 +2,27 @@
 
     base.py         the interface every source implements and what flows through a step
                     (Source, Candidate, Proposal, Budget, Outcome, Rider)
-    registry.py     every source as a plugin: its name, needs, evidence priors; which run
+    registry.py     a source as a plugin, declared in full in its own module; which run
+    rounds.py       an expensive source's drafting, every lane's in one decode a round
     lookup.py       copies of the prompt, the text so far and references (prompt lookup)
     ngram_cache.py  llama.cpp's n-gram cache files (llama-lookup's)
     lookahead.py    lookahead decoding: an n-gram pool and a Jacobi window riding in the batch
     draft_model.py  a small model with the target's vocabulary
     consensus.py    what sibling samples of the same prompt wrote
     grammar.py      what a request's grammar (a JSON schema) forces next
+
+Outside this package, code names no source: it reads the registry (and the configs below, the
+built-in sources' settings, which the package exports for ``llamaspec.LookaheadConfig(...)``).
 """
 
+from typing import Any, Sequence
+
 from . import consensus, draft_model, grammar, lookahead, lookup, ngram_cache
-from .registry import Registry
+from .draft_model import DraftConfig
+from .lookahead import LookaheadConfig
+from .lookup import LookupConfig
+from .ngram_cache import CacheConfig
+from .registry import Registry, installed
 
 
 def default_registry() -> Registry:
@@ -21,4 +31,11 @@ def default_registry() -> Registry:
                      grammar.PLUGIN))
 
 
-__all__ = ["Registry", "default_registry"]
+def installed_registry(extra: Sequence[Any] = ()) -> Registry:
+    """The built-in sources, those installed packages declare (entry points ``llamaspec.sources``)
+    and ``extra`` (plugins, modules, module names or source files)."""
+    return installed(default_registry(), extra)
+
+
+__all__ = ["CacheConfig", "DraftConfig", "LookaheadConfig", "LookupConfig", "Registry", "default_registry",
+           "installed_registry"]

@@ -30,7 +30,7 @@ import numpy as np
 from .base import Budget, Candidate, Outcome, Proposal, Source, length_bucket
 from ..config import SamplingConfig
 from .lookup import SCAN, TokenIndex, agreement
-from .registry import Need, Plugin
+from .registry import Need, Plugin, TextContext
 
 NAME = "consensus"
 NGRAM_MAX = 4
@@ -129,10 +129,18 @@ class ConsensusSource(Source):
         self.siblings.update(self.sample, tokens)
 
 
-
 # Priors: a match's length as for lookup, raised by each further agreeing sibling.
 _ONE_SIBLING = {0: 0.1, 1: 0.15, 2: 0.25, 3: 0.35, 4: 0.45, 5: 0.55, 8: 0.65}
+
+
+def _build(text: TextContext) -> ConsensusSource:
+    group = text.group
+    assert group is not None  # Need.SIBLINGS
+    return ConsensusSource(group.shared(NAME, lambda: Siblings(group.n, group.prompt_len)), text.sample)
+
+
 PLUGIN = Plugin(
-    NAME, lambda loaded, text: ConsensusSource(text.siblings, text.sample),
-    {Agreed(a, m): min(0.9, p + 0.1 * (a - 1)) for a in range(1, MAX_AGREEING + 1) for m, p in _ONE_SIBLING.items()},
-    overall=0.3, needs=frozenset({Need.SIBLINGS}), describe="what sibling samples of the prompt wrote")
+    name=NAME, describe="what sibling samples of the prompt wrote", build=lambda setup, text: _build(text),
+    priors={Agreed(a, m): min(0.9, p + 0.1 * (a - 1)) for a in range(1, MAX_AGREEING + 1)
+            for m, p in _ONE_SIBLING.items()},
+    overall=0.3, needs=frozenset({Need.SIBLINGS}))

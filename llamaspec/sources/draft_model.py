@@ -31,21 +31,47 @@ them in the decode it makes anyway, then drafts on after them::
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..llama.binding import Context, KVSequence
+from ..llama.vocab import check_compatible
 from . import rounds
 from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
-from .registry import Need, Plugin
-from ..config import DraftConfig, SamplingConfig
+from .registry import Option, Plugin, Resources
+from ..config import SamplingConfig, check
 from ..constraints import Constraint
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
 
+if TYPE_CHECKING:
+    from ..planning.costs import CostCurve
+
 
 NAME = "draft"
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Draft-model speculation, with llama.cpp's names.
+
+    The draft proposes up to ``draft_max`` tokens; it stops earlier when the planner's
+    estimate says one more token no longer pays, and when its own probability for the next
+    token falls below ``draft_p_min`` (llama.cpp's rule; llama.cpp's default is 0.75, here 0:
+    the planner decides). A proposal shorter than ``draft_min`` is dropped.
+    """
+
+    draft_max: int = 16
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(self.draft_max >= 1, f"draft-max must be >= 1, got {self.draft_max}")
+        check(0 <= self.draft_min <= self.draft_max,
+              f"draft-min must be in [0, draft-max={self.draft_max}], got {self.draft_min}")
+        check(0 <= self.draft_p_min <= 1, f"draft-p-min must be in [0, 1], got {self.draft_p_min}")
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -164,7 +190,46 @@ class DraftSequences:
         return len(seq.tokens)
 
 
+class DraftModel:
+    """What the draft source loads: the draft model's context (lane i drafting on its sequence
+    i: ``sequences``) and what a decode on it costs (``curve``, in the target's single-token
+    decodes)."""
+
+    def __init__(self, ctx: Context, curve: Optional["CostCurve"]) -> None:
+        self.ctx, self.curve = ctx, curve
+        self.sequences = DraftSequences(ctx)
+
+    def restart(self) -> None:
+        """An empty cache, and sequences that hold nothing."""
+        self.ctx.clear()
+        self.sequences = DraftSequences(self.ctx)
+
+    def for_lanes(self, n: int) -> "DraftModel":
+        """A context of its own for ``n`` texts decoded together, each with this one's size."""
+        c = self.ctx
+        return DraftModel(c.model.context(c.n_ctx * n, c.threads, c.n_batch, n), self.curve)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def _load(config: DraftConfig, resources: Resources, checked: None) -> DraftModel:
+    """The draft model (-md), checked against the target's vocabulary, a sequence per lane,
+    and its cost curve (measured once)."""
+    given = resources.draft
+    assert given is not None  # given() said so
+    model = resources.model(given)
+    check_compatible(resources.target, model)
+    ctx = resources.context(model, given, resources.lanes)
+    return DraftModel(ctx, resources.curve(ctx))
+
+
 PLUGIN = Plugin(
-    NAME, lambda loaded, text: DraftModelSource(loaded.drafts, text.lane, loaded.draft, text.constraint),
-    {**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, LEAD: LEAD_PRIOR}, overall=0.6,
-    needs=frozenset({Need.DRAFT_MODEL}), describe="the draft model alone")
+    name=NAME, describe="the draft model alone", config=DraftConfig(),
+    options=(Option("draft_max", "draft_max", "Most tokens the draft model proposes per step.", flag="--draft-max"),
+             Option("draft_min", "draft_min", "Shorter draft-model proposals are not verified.", flag="--draft-min"),
+             Option("draft_p_min", "draft_p_min", "The draft model also stops when its top probability falls below "
+                    "this (llama.cpp: 0.75; 0 leaves it to the planner).", flag="--draft-p-min")),
+    given=lambda config, draft: draft is not None, load=_load, loads="a draft model (-md)",
+    build=lambda setup, text: DraftModelSource(setup.loaded.sequences, text.lane, setup.config, text.constraint),
+    priors={**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, LEAD: LEAD_PRIOR}, overall=0.6)

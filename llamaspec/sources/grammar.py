@@ -59,6 +59,7 @@ class GrammarSource(Source):
 
 
 PLUGIN = Plugin(
-    NAME, lambda loaded, text: GrammarSource(text.constraint),
-    {**{Forced(i): LEAD_PRIOR for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
-    overall=0.8, needs=frozenset({Need.GRAMMAR}), describe="what a request's grammar forces next")
+    name=NAME, describe="what a request's grammar forces next",
+    build=lambda setup, text: GrammarSource(text.constraint),
+    priors={**{Forced(i): LEAD_PRIOR for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
+    overall=0.8, needs=frozenset({Need.GRAMMAR}))

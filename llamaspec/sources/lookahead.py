@@ -46,10 +46,26 @@ import numpy as np
 
 from ..llama.binding import max_sequences
 from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Rider, RiderRow, Source, length_bucket
-from .registry import Plugin, Room
-from ..config import LookaheadConfig, SamplingConfig
+from .registry import Option, Plugin, Room
+from ..config import SamplingConfig, check
 from ..errors import ConfigError
 from ..sequences import appended, common_prefix
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Lookahead decoding: a window of ``w`` columns by ``n - 1`` levels of Jacobi guesses,
+    n-grams of ``n`` tokens, up to ``g`` pool candidates per step."""
+
+    w: int = 4
+    n: int = 4
+    g: int = 4
+
+    def __post_init__(self) -> None:
+        check(self.w >= 0, f"lookahead W must be >= 0, got {self.w}")
+        check(self.n >= 2, f"lookahead N must be >= 2, got {self.n}")
+        check(self.g >= 0, f"lookahead G must be >= 0, got {self.g}")
+        check(self.w + self.g >= 1, "lookahead needs a window (W >= 1) or candidates (G >= 1)")
 
 
 @dataclass(frozen=True)
@@ -270,12 +286,18 @@ def check_fits(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, w
 _POOL = {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85}
 OTHER = 0.1
 PLUGIN = Plugin(
-    "lookahead", lambda loaded, text: LookaheadSource(loaded.lookahead, text.references),
-    {Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
-     for length in LENGTH_BUCKETS for window in (False, True)},
-    overall=OTHER, shadowed_by="lookup", reads_references=True,
-    describe="lookahead alone: Jacobi window and n-gram pool",
-    room=lambda loaded, n_ctx, n_batch, leaves, whole: _room(loaded.lookahead, n_ctx, n_batch, leaves, whole))
+    name="lookahead", describe="lookahead alone: Jacobi window and n-gram pool",
+    config=LookaheadConfig(), options=(
+        Option("lookahead_w", "w", "Lookahead window: columns of Jacobi guesses (llama-lookahead: 15).",
+               flag="--lookahead-w"),
+        Option("lookahead_n", "n", "Lookahead n-gram size; the window has N - 1 levels (llama-lookahead: 5).",
+               flag="--lookahead-n"),
+        Option("lookahead_g", "g", "Most pool candidates per step (llama-lookahead: 15).", flag="--lookahead-g")),
+    build=lambda setup, text: LookaheadSource(setup.config, text.references),
+    priors={Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
+            for length in LENGTH_BUCKETS for window in (False, True)},
+    overall=OTHER, shadowed_by="lookup", reads_references=True, alone_flag=True, fixed_flag=True,
+    room=lambda config, n_ctx, n_batch, leaves, whole: _room(config, n_ctx, n_batch, leaves, whole))
 
 
 def _room(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Room:

@@ -35,9 +35,34 @@ from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple,
 import numpy as np
 
 from .base import LEAD, LEAD_PRIOR, LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
-from .registry import Plugin
-from ..config import SamplingConfig
+from .registry import Option, Plugin
+from ..config import SamplingConfig, check
 from ..sequences import common_prefix
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """Drafts copied from text already seen: the prompt and output (prompt lookup) and reference
+    documents. Matches are n-grams of ``ngram_min`` .. ``ngram_max`` tokens, longest first;
+    occurrences whose preceding tokens agree longest with the text come first (see
+    ``PromptLookup``). Candidates are at most ``draft_max`` tokens; the planner verifies what pays."""
+
+    ngram_min: int = 1
+    ngram_max: int = 4
+    draft_max: int = 31
+
+    def __post_init__(self) -> None:
+        check(1 <= self.ngram_min <= self.ngram_max <= 4,
+              f"lookup n-gram sizes must satisfy 1 <= min <= max <= 4, got {self.ngram_min}..{self.ngram_max}")
+        check(self.draft_max >= 1, f"lookup draft-max must be >= 1, got {self.draft_max}")
+
+
+# lookup's settings (the n-gram caches' source shares them)
+OPTIONS = (
+    Option("lookup_ngram_min", "ngram_min", "Shortest n-gram lookup matches.", flag="--lookup-ngram-min"),
+    Option("lookup_ngram_max", "ngram_max", "Longest n-gram lookup matches (at most 4).", flag="--lookup-ngram-max"),
+    Option("lookup_draft_max", "draft_max", "Most tokens a lookup candidate has."),
+)
 
 # Occurrences of one n-gram looked at per step (the most recent), and how far back agreement is counted.
 SCAN = 32
@@ -469,7 +494,8 @@ def _priors() -> Dict[Evidence, float]:
 
 
 PLUGIN = Plugin(
-    "lookup",
-    lambda loaded, text: LookupSource(loaded.lookup.ngram_min, loaded.lookup.ngram_max, text.references,
-                                      loaded.lookup.draft_max, loaded.piece),
-    _priors(), overall=OTHER, reads_references=True, describe="lookup alone: copies of the prompt and the output")
+    name="lookup", describe="lookup alone: copies of the prompt and the output",
+    config=LookupConfig(), options=OPTIONS,
+    build=lambda setup, text: LookupSource(setup.config.ngram_min, setup.config.ngram_max, text.references,
+                                           setup.config.draft_max, setup.piece),
+    priors=_priors(), overall=OTHER, reads_references=True, alone_flag=True)

@@ -1,85 +1,116 @@
-"""Every draft source, as a plugin: what it is called, what it needs, how it is built, its
-evidence keys with their priors and what it shadows (whether it is expensive, its Source class
-says: that is what the speculator reads).
+"""Every draft source as a plugin: one module declares, in its ``PLUGIN``, all there is to know
+of its source. The registry holds the plugins a LlamaSpec may run and knows nothing of any of
+them but what they declare.
 
-A plugin is declared in its source's own module (``PLUGIN``) and listed once, in the
-package's ``default_registry``; ``auto`` is every plugin whose needs are met. Adding a source is one module, one
-line here and its tests (or, for a source of one's own, ``default_registry().with_(plugin)``
-passed to ``LlamaSpec``). Sources are built for one generation (one text, or one lane of
-several) from two things::
+    name, describe          what it is called (in --spec, the statistics) and one line about it
+    config, options         its settings: a frozen dataclass of defaults, and each field the
+                            command line (``flag``) and Python (``keyword``) set
+    check, load             before any model loads, its settings checked (files read); once the
+                            target is loaded, what it loads for every generation (cache files,
+                            a draft model): None where there is nothing to load
+    build                   a fresh source for one generation, from its Setup (config, what it
+                            loaded, the vocabulary's bytes) and the generation's TextContext
+    priors, overall         the prior acceptance of each evidence key it gives, and overall
+    needs                   what a generation must carry for it to run (several samples, a grammar)
+    room                    the KV-cache sequences it needs beside the text's own
+    shadowed_by, joins, reads_references, alone_flag, fixed_flag   (see Plugin)
 
-    Loaded          what a LlamaSpec loaded once: configurations, n-gram cache files, a draft
-                    model's sequences, the vocabulary's bytes
-    TextContext     what one generation carries: its lane, its references, its sibling samples
-                    and its grammar
-
-A need is met by one of the two. One that ``Loaded`` meets (a draft model, cache files) is
-checked when a LlamaSpec loads: a source named in ``--spec`` whose need is not met is an error.
-One that ``TextContext`` meets (several samples) is checked per generation: the source simply
-does not run where it is not met.
+Plugins are found in this package (``default_registry``), in other installed packages through
+the ``llamaspec.sources`` entry-point group, and in modules a user names (``--source``,
+``load(sources=...)``): ``installed_registry`` and ``Registry.with_``. A source is built for one
+generation (one text, or one lane of several) from what a LlamaSpec holds for it (``Setup``)
+and what the generation carries (``TextContext``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from pathlib import Path
+from types import ModuleType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Protocol,
+                    Sequence, Tuple)
 
-from ..config import DraftConfig, LookaheadConfig, LookupConfig, SpecConfig
+from ..config import ModelConfig, SpecConfig
 from ..errors import ConfigError
 from .base import Evidence, Source
 
 if TYPE_CHECKING:
     from ..constraints import Constraint
-    from .consensus import Siblings
-    from .draft_model import DraftSequences
-    from .ngram_cache import NgramCaches
+    from ..llama.binding import Context, Model
+    from ..planning.costs import CostCurve
 
 
 class Need(Enum):
-    """What a source may need to run, as a user is told it is missing."""
+    """What a generation must carry for a source to run, as a user is told it is missing."""
 
-    DRAFT_MODEL = "a draft model (-md)"
-    CACHE_FILES = "an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)"
     SIBLINGS = "several samples of one prompt decoded together"
     GRAMMAR = "a grammar or JSON schema the text must follow"
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """What a LlamaSpec loaded once, for every generation's sources. ``piece``: a token's bytes."""
+@dataclass
+class Group:
+    """The samples of one prompt decoded together: how many, how long the prompt they share is,
+    and a board on which a source keeps what every sample's copy of it shares (by its name)."""
 
-    piece: Optional[Callable[[int], bytes]] = None
-    lookup: LookupConfig = LookupConfig()
-    lookahead: LookaheadConfig = LookaheadConfig()
-    draft: DraftConfig = DraftConfig()
-    caches: Optional["NgramCaches"] = None
-    drafts: Optional["DraftSequences"] = None
+    n: int
+    prompt_len: int
+    board: Dict[str, Any] = field(default_factory=dict)
 
-    def meets(self) -> FrozenSet[Need]:
-        return frozenset({Need.DRAFT_MODEL} if self.drafts is not None else set()) | \
-            frozenset({Need.CACHE_FILES} if self.caches is not None else set())
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """What source ``name`` keeps for the group (made by ``make`` on first use)."""
+        if name not in self.board:
+            self.board[name] = make()
+        return self.board[name]
 
 
 @dataclass(frozen=True)
 class TextContext:
     """What one generation carries to its sources: the lane it is decoded on (its KV-cache
-    sequences), texts to copy from (tokens), the board of its sibling samples with its own
-    index on it, and where its text is in its grammar (the engine advances it; sources read it)."""
+    sequences), texts to copy from (tokens), its group of sibling samples with its own index in
+    it, and where its text is in its grammar (the engine advances it; sources read it)."""
 
     lane: int = 0
     references: Tuple[Tuple[int, ...], ...] = ()
-    siblings: Optional["Siblings"] = None
+    group: Optional[Group] = None
     sample: int = 0
     constraint: Optional["Constraint"] = None
 
     def meets(self) -> FrozenSet[Need]:
-        return frozenset(({Need.SIBLINGS} if self.siblings is not None else set())
+        return frozenset(({Need.SIBLINGS} if self.group is not None else set())
                          | ({Need.GRAMMAR} if self.constraint is not None else set()))
 
 
-# Needs a generation's context meets; the others are met, or not, once and for all at loading.
-PER_TEXT = frozenset({Need.SIBLINGS, Need.GRAMMAR})
+@dataclass(frozen=True)
+class Setup:
+    """What a LlamaSpec holds for one source, from which it is built for each generation: its
+    ``config``, what its plugin ``loaded`` (None: nothing) and the vocabulary's bytes (``piece``)."""
+
+    config: Any = None
+    loaded: Any = None
+    piece: Optional[Callable[[int], bytes]] = None
+
+
+class Resources(Protocol):
+    """What a plugin's ``load`` loads with (the LlamaSpec's assembly gives it). Whatever it
+    loads through these is freed with the LlamaSpec."""
+
+    target: "Model"  # the target model (its vocabulary: n_vocab, piece, tokenize)
+    draft: Optional[ModelConfig]  # the draft model the user gave (-md), if any
+    lanes: int  # the texts a LlamaSpec decodes together at most (a sequence each)
+
+    def model(self, config: ModelConfig) -> "Model":
+        """``config``'s model, loaded (its weights shared with any other owner of the same file)."""
+
+    def context(self, model: "Model", config: ModelConfig, n_seq: int) -> "Context":
+        """A context on ``model`` with ``config``'s size and threads, of ``n_seq`` sequences."""
+
+    def curve(self, ctx: "Context") -> "CostCurve":
+        """What a decode on ``ctx`` costs, in the target's single-token decodes (measured once)."""
 
 
 @dataclass(frozen=True)
@@ -92,31 +123,82 @@ class Room:
 
 
 @dataclass(frozen=True)
+class Option:
+    """One setting of a source: ``field`` of its config, set by ``keyword`` in Python
+    (``llamaspec.load``, the bench's settings) and by ``flag`` on the command line (None: not
+    there); its default is the config's. Sources may share an option (the same keyword)."""
+
+    keyword: str
+    field: str
+    help: str
+    flag: Optional[str] = None
+    path: bool = False  # a file's path (None by default)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plugin:
-    """One draft source, declared in full.
+    """One draft source, declared in full (see the module's text).
 
     ``priors``: the prior acceptance of a token with each evidence key the source can give
     (every one: a key without a prior is a bug, see the acceptance model); ``overall``: its
     acceptance before it proposed anything (what an expensive source is asked on).
+    ``config``: its settings' defaults (a frozen dataclass; None: it has none); ``options``:
+    those a user sets. ``check(config)``: before any model loads, ConfigError for settings that
+    cannot work; what it returns (files it read) is ``load``'s third argument.
+    ``load(config, resources, checked)``: what it loads once for every generation (None:
+    nothing to load, so it does not run; ``loads`` says what it would need, as a user is told);
+    the object may have ``restart()`` (the LlamaSpec was reset), ``for_lanes(n)`` (its copy for
+    a batch of n texts decoded together, with its own ``close()``), ``close()``, and ``curve``
+    (an expensive source's cost curve). ``given(config, resources_before_loading)``: whether
+    there is something for ``load`` to load (asked before any model loads; default: yes).
     ``shadowed_by``: a source that finds this one's candidates too, with more specific evidence:
     where both propose a token, only the other's estimate counts. ``joins``: it runs wherever
     that source is named in ``--spec`` and its own needs are met. ``reads_references``: it
-    copies from a generation's references. ``describe``: one line for benchmarks and help.
-    ``room``: the KV-cache sequences it needs, given what is loaded, the context and batch sizes,
-    the planner's leaves and whether it is verified whole, checked before anything loads
-    (ConfigError where llama.cpp cannot have them).
+    copies from a generation's references. ``room(config, n_ctx, n_batch, leaves, whole)``: the
+    KV-cache sequences it needs (ConfigError where llama.cpp cannot have them).
+    ``alone_flag``: ``--NAME`` on the command line (``NAME=True`` in Python) runs it alone (with
+    the draft model when one is given); ``fixed_flag``: ``--NAME-fixed`` verifies it whole.
     """
 
     name: str
-    build: Callable[[Loaded, TextContext], Source]
+    build: Callable[[Setup, TextContext], Source]
     priors: Mapping[Evidence, float]
     overall: float
+    describe: str = ""
+    config: Any = None
+    options: Tuple[Option, ...] = ()
+    check: Optional[Callable[[Any], Any]] = None
+    load: Optional[Callable[[Any, Resources, Any], Any]] = None
+    given: Optional[Callable[[Any, Optional[ModelConfig]], bool]] = None
+    loads: str = ""
     needs: FrozenSet[Need] = frozenset()
     shadowed_by: Optional[str] = None
     joins: Optional[str] = None
     reads_references: bool = False
-    describe: str = ""
-    room: Optional[Callable[[Loaded, int, int, int, bool], Room]] = None
+    room: Optional[Callable[[Any, int, int, int, bool], Room]] = None
+    alone_flag: bool = False
+    fixed_flag: bool = False
+
+    def configured(self, values: Mapping[str, Any]) -> Any:
+        """Its config with the options ``values`` (by keyword) sets; a config object given
+        under its name starts it. ConfigError for a value its config refuses."""
+        base = values.get(self.name)
+        config = base if base is not None and base is not True and base is not False else self.config
+        if config is None:
+            return None
+        if not isinstance(config, type(self.config)):
+            raise ConfigError(f"{self.name}= takes a {type(self.config).__name__} or True, got "
+                              f"{type(config).__name__}")
+        changes = {o.field: str(values[o.keyword]) if o.path and values[o.keyword] is not None else values[o.keyword]
+                   for o in self.options if o.keyword in values}
+        try:
+            return dataclasses.replace(config, **changes) if changes else config
+        except TypeError as e:
+            raise ConfigError(f"the {self.name} source's settings: {e}") from None
+
+    def loads_from(self, config: Any, draft: Optional[ModelConfig]) -> bool:
+        """Whether this source has something to load (before anything is loaded)."""
+        return self.load is not None and (self.given is None or self.given(config, draft))
 
 
 @dataclass(frozen=True)
@@ -129,6 +211,10 @@ class Registry:
         names = [p.name for p in self.plugins]
         if len(set(names)) != len(names):
             raise ConfigError(f"two draft sources share a name: {', '.join(names)}")
+        for name in names:
+            if name in ("auto", "none"):
+                raise ConfigError(f"a draft source cannot be named {name!r}")
+        self.options()  # shared options agree
 
     def with_(self, *plugins: Plugin) -> "Registry":
         """This registry and ``plugins`` after its own."""
@@ -144,25 +230,45 @@ class Registry:
                 return p
         raise KeyError(name)
 
-    def resolve(self, spec: SpecConfig, loaded: FrozenSet[Need]) -> FrozenSet[str]:
-        """The sources ``spec`` runs, given the needs what was loaded meets. ConfigError for a
-        name no plugin has, a named source whose loading-time need is not met, and a source to
-        be verified whole that does not run."""
+    def options(self) -> Dict[str, Tuple[Option, Any]]:
+        """Every option by keyword, with its default (an option two sources share once)."""
+        out: Dict[str, Tuple[Option, Any]] = {}
+        for p in self.plugins:
+            for o in p.options:
+                default = getattr(p.config, o.field)
+                if o.keyword in out and (out[o.keyword][1] != default or out[o.keyword][0].flag != o.flag):
+                    raise ConfigError(f"the sources share the option {o.keyword} with different defaults or flags")
+                out.setdefault(o.keyword, (o, default))
+        return out
+
+    def configs(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """Every source's config, with the options ``values`` sets (by keyword; a config object
+        by a source's name). ConfigError for a keyword no source has."""
+        known = set(self.options()) | set(self.names)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"no draft source has the setting {unknown[0]!r}; the settings are: "
+                              f"{', '.join(sorted(self.options()))}")
+        return {p.name: p.configured(values) for p in self.plugins}
+
+    def resolve(self, spec: SpecConfig, loadable: FrozenSet[str]) -> FrozenSet[str]:
+        """The sources ``spec`` runs, given the names of those that have something to load
+        (``Plugin.loads_from``). ConfigError for a name no plugin has, a named source with
+        nothing to load, and a source to be verified whole that does not run."""
         unknown = sorted((set(spec.sources or ()) | set(spec.fixed)) - set(self.names))
         if unknown:
             raise ConfigError(f"unknown draft source {unknown[0]!r}; choose from auto, none or {', '.join(self.names)}")
-        def loadable(p: Plugin) -> bool:
-            return (p.needs - PER_TEXT) <= loaded
+
+        def runs(p: Plugin) -> bool:
+            return p.load is None or p.name in loadable
         if spec.sources is None:
-            names = {p.name for p in self.plugins if loadable(p)}
+            names = {p.name for p in self.plugins if runs(p)}
         else:
             for name in spec.sources:
                 p = self[name]
-                missing = sorted(n.value for n in p.needs - PER_TEXT - loaded)
-                if missing:
-                    raise ConfigError(f"the {name} source needs {missing[0]}")
-            names = set(spec.sources) | {p.name for p in self.plugins
-                                         if p.joins in spec.sources and loadable(p)}
+                if not runs(p):
+                    raise ConfigError(f"the {name} source needs {p.loads or 'something to load'}")
+            names = set(spec.sources) | {p.name for p in self.plugins if p.joins in spec.sources and runs(p)}
         idle = sorted(spec.fixed - names)
         if idle:
             raise ConfigError(f"{idle[0]} is to be verified whole but does not run")
@@ -177,20 +283,34 @@ class Registry:
             return "auto"
         return ",".join(n for n in self.names if n in spec.sources)
 
-    def build(self, names: FrozenSet[str], loaded: Loaded, text: TextContext = TextContext()) -> List[Source]:
-        """Fresh sources for one generation: those of ``names`` whose needs are met."""
-        met = loaded.meets() | text.meets()
-        return [p.build(loaded, text) for p in self.plugins if p.name in names and p.needs <= met]
+    def build(self, names: FrozenSet[str], setups: Mapping[str, Setup], text: TextContext = TextContext()) -> List[Source]:
+        """Fresh sources for one generation: those of ``names`` whose needs the text meets."""
+        met = text.meets()
+        return [p.build(setups.get(p.name, Setup()), text) for p in self.plugins
+                if p.name in names and p.needs <= met]
 
-    def room(self, names: FrozenSet[str], settings: Loaded, n_ctx: int, n_batch: int, leaves: int,
+    def room(self, names: FrozenSet[str], configs: Mapping[str, Any], n_ctx: int, n_batch: int, leaves: int,
              fixed: FrozenSet[str]) -> Room:
         """The sequences the sources of ``names`` need beside the text (at least ``leaves`` branches)."""
         room = Room(leaves)
         for p in self.plugins:
             if p.name in names and p.room is not None:
-                need = p.room(settings, n_ctx, n_batch, leaves, p.name in fixed)
+                need = p.room(configs[p.name], n_ctx, n_batch, leaves, p.name in fixed)
                 room = Room(max(room.branches, need.branches), room.own + need.own)
         return room
+
+    def on_draft_model(self) -> List[str]:
+        """The sources that run on a draft model (-md): those with something to load where one
+        is given and nothing where none is."""
+        given = ModelConfig("a draft model")
+        return [p.name for p in self.plugins
+                if p.load is not None and p.loads_from(p.config, given) and not p.loads_from(p.config, None)]
+
+    def setups(self, configs: Optional[Mapping[str, Any]] = None,
+               piece: Optional[Callable[[int], bytes]] = None) -> Dict[str, Setup]:
+        """Each source's Setup with nothing loaded (its config, the default where ``configs``
+        has none): what a replay, with no model, builds sources from."""
+        return {p.name: Setup((configs or {}).get(p.name, p.config), None, piece) for p in self.plugins}
 
     def priors(self) -> Dict[str, Mapping[Evidence, float]]:
         return {p.name: p.priors for p in self.plugins}
@@ -202,3 +322,49 @@ class Registry:
         """source -> the source that shadows it."""
         return {p.name: p.shadowed_by for p in self.plugins if p.shadowed_by}
 
+
+ENTRY_POINTS = "llamaspec.sources"
+
+
+def plugin_of(where: Any) -> Plugin:
+    """The plugin a module declares (its ``PLUGIN``): a Plugin itself, a module, a module's
+    import name (``package.module``) or a Python file's path. ConfigError for anything else."""
+    if isinstance(where, Plugin):
+        return where
+    module = where if isinstance(where, ModuleType) else _module(str(where))
+    plugin = getattr(module, "PLUGIN", None)
+    if not isinstance(plugin, Plugin):
+        raise ConfigError(f"{where} declares no draft source: a module of one has PLUGIN = Plugin(...)")
+    return plugin
+
+
+def _module(where: str) -> ModuleType:
+    path = Path(where)
+    if where.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"no such source file: {where}")
+        name = f"llamaspec_source_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"cannot load a source from {where}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look a module up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # the user's file: say what broke, in one line
+            del sys.modules[name]
+            raise ConfigError(f"cannot load a source from {where}: {type(e).__name__}: {e}") from None
+        return module
+    try:
+        return importlib.import_module(where)
+    except ImportError as e:
+        raise ConfigError(f"no source module {where!r}: {e}") from None
+
+
+def installed(base: Registry, extra: Sequence[Any] = ()) -> Registry:
+    """``base`` (the built-in sources), then those of installed packages (the
+    ``llamaspec.sources`` entry points, each a Plugin or a module declaring one), then ``extra``
+    (plugins, modules, module names or files)."""
+    from importlib.metadata import entry_points
+    found = [plugin_of(ep.load()) for ep in entry_points(group=ENTRY_POINTS)]
+    return base.with_(*[p for p in found if p.name not in base.names], *[plugin_of(e) for e in extra])

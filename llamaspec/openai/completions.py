@@ -25,24 +25,56 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
-from .errors import ConfigError, GrammarError, shown
-from .constraints import Grammar
+from ..errors import ConfigError, GrammarError, shown
+from ..constraints import Grammar
 from .tools import (CallReader, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
                     read as read_calls, template_tools, with_calls)
-from .engine.generation import Chunk, Result
-from .engine.scheduler import RequestStream, Stream, aggregate
-from .engine.stats import Stats
-from .sampling import TokenLogprob
-from .config import SamplingConfig
+from ..engine.generation import Chunk, Result
+from ..engine.scheduler import RequestStream, Stream, aggregate
+from ..engine.stats import Stats
+from ..sampling import TokenLogprob
+from ..config import SamplingConfig
 
 _S = SamplingConfig()
 
 Response = Dict[str, Any]
 
 
-def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional[str] = None,
+class Tokens(Protocol):
+    """What the completions read of a model's vocabulary (``llama.binding.Model``)."""
+
+    add_bos: bool
+    bos: int
+
+    def piece(self, token: int) -> bytes: ...
+
+
+class Generator(Protocol):
+    """What the completions use of a LlamaSpec (or anything that generates as one does)."""
+
+    model: Tokens
+    model_name: str
+
+    def tokenize(self, text: str, add_special: bool = True) -> List[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def fim_tokens(self, prefix: str, suffix: str, extra: Optional[Sequence[Dict[str, str]]] = None,
+                   prompt: str = "") -> List[int]: ...
+
+    def chat_template(self) -> Any: ...
+
+    def chat_prompt(self, messages: Sequence[Dict[str, Any]], max_tokens: int = -1, trim: bool = True,
+                    tools: Optional[Sequence[Any]] = None) -> Tuple[List[int], int]: ...
+
+    def stream(self, prompt: Union[str, Sequence[int]], **options: Any) -> Stream: ...
+
+    def sample_stream(self, prompt: Union[str, Sequence[int]], n: int, **options: Any) -> RequestStream: ...
+
+
+def create_completion(spec: Generator, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                       max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
                       min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None, echo: bool = False,
                       stop: Optional[Union[str, List[str]]] = None, frequency_penalty: float = 0.0,
@@ -89,7 +121,7 @@ def create_completion(spec: Any, prompt: Union[str, List[int]], suffix: Optional
                                  "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
 
 
-def _completion_chunks(spec: Any, events: "Events", n: int, head: Response, echoed: str = "",
+def _completion_chunks(spec: Generator, events: "Events", n: int, head: Response, echoed: str = "",
                        abandoned: Optional[threading.Event] = None, tokens: Sequence[int] = ()) -> Iterator[Response]:
     """With ``tokens`` (the prompt's, echo with logprobs) each choice's echo comes with its first
     chunk, which carries the prompt's log-probabilities; else before any."""
@@ -113,7 +145,7 @@ def _completion_chunks(spec: Any, events: "Events", n: int, head: Response, echo
         events.close()  # a reader that stops early stops the generation
 
 
-def create_infill(spec: Any, input_prefix: str, input_suffix: str, input_extra: Sequence[Dict[str, str]] = (),
+def create_infill(spec: Generator, input_prefix: str, input_suffix: str, input_extra: Sequence[Dict[str, str]] = (),
                   prompt: str = "", stream: bool = False, **arguments: Any) -> Union[Response, Iterator[Response]]:
     """llama-server's ``POST /infill``: the text between ``input_prefix`` (then ``prompt``) and
     ``input_suffix``, the project's other files (``input_extra``) read first; in llama-server's own
@@ -140,7 +172,7 @@ def _native(answer: Response) -> Response:
     return out
 
 
-def _text_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]],
+def _text_logprobs(spec: Generator, logprobs: Optional[List[TokenLogprob]],
                    prompt: Sequence[Union[int, TokenLogprob]] = ()) -> Optional[Response]:
     """A completion's ``logprobs`` as OpenAI's legacy completions give them (tokens, their
     log-probabilities, the best tokens' at each and each token's offset in the text). ``prompt``
@@ -158,7 +190,7 @@ def _text_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]],
             "text_offset": offsets}
 
 
-def _echoed(spec: Any, tokens: Sequence[int], logprobs: Optional[List[TokenLogprob]]) -> List[Union[int, TokenLogprob]]:
+def _echoed(spec: Generator, tokens: Sequence[int], logprobs: Optional[List[TokenLogprob]]) -> List[Union[int, TokenLogprob]]:
     """The echoed prompt's entries for _text_logprobs: its ``tokens`` (a leading BOS left out, as
     llama-cpp-python leaves it out of the echoed text), the first as its id alone, the others with
     their ``logprobs`` (``logprobs[i]`` is ``tokens[i + 1]``'s)."""
@@ -168,7 +200,7 @@ def _echoed(spec: Any, tokens: Sequence[int], logprobs: Optional[List[TokenLogpr
     return [tokens[skip], *logprobs[skip:]]
 
 
-def _chat_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:
+def _chat_logprobs(spec: Generator, logprobs: Optional[List[TokenLogprob]]) -> Optional[Response]:
     """A chat choice's ``logprobs`` as OpenAI gives them: per token, its text, bytes,
     log-probability and the best tokens'."""
     if logprobs is None:
@@ -180,11 +212,11 @@ def _chat_logprobs(spec: Any, logprobs: Optional[List[TokenLogprob]]) -> Optiona
                         for lp in logprobs]}
 
 
-def _piece(spec: Any, token: int) -> str:
+def _piece(spec: Generator, token: int) -> str:
     return spec.model.piece(token).decode("utf-8", errors="replace")
 
 
-def create_chat_completion(spec: Any, messages: Sequence[Dict[str, Any]], functions: Any = None,
+def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], functions: Any = None,
                            function_call: Any = None, tools: Any = None, tool_choice: Any = None,
                            temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                            typical_p: float = 1.0, stream: bool = False, stop: Optional[Union[str, List[str]]] = None,
@@ -246,7 +278,7 @@ def _reply(text: str, names: Optional[List[str]]) -> Response:
     return {"role": "assistant", "content": content, "tool_calls": calls}
 
 
-def _chat_chunks(spec: Any, events: "Events", n: int, head: Response, abandoned: Optional[threading.Event] = None,
+def _chat_chunks(spec: Generator, events: "Events", n: int, head: Response, abandoned: Optional[threading.Event] = None,
                  names: Optional[List[str]] = None) -> Iterator[Response]:
     """The chunks of a chat reply; with ``names`` (tools to call), each choice's text is read for
     calls, which come as OpenAI streams them: their id and name, then their arguments. A chunk's
@@ -314,7 +346,7 @@ class _One:
 Events = Union[_One, RequestStream]
 
 
-def _start(spec: Any, batcher: Any, prompt: Union[str, List[int]], n: int, opts: Dict[str, Any]) -> Events:
+def _start(spec: Generator, batcher: Any, prompt: Union[str, List[int]], n: int, opts: Dict[str, Any]) -> Events:
     """One choice on the LlamaSpec's own context (with every source it has), or n samples decoded
     together: on the LlamaSpec's context, or through ``batcher`` beside other requests."""
     if n == 1 and batcher is None:

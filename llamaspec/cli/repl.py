@@ -13,10 +13,10 @@ from typing import Callable, List, Optional, TextIO
 
 import click
 
-from .api import LlamaSpec
-from .llama.chat import Message, drop_oldest_turns, new_messages
-from .errors import LlamaspecError
-from .engine.generation import Result
+from ..api import LlamaSpec
+from ..llama.chat import Message, drop_oldest_turns, new_messages
+from ..errors import LlamaspecError
+from ..engine.generation import Result
 
 HELP = """\
 /help   this text

@@ -32,9 +32,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import ConfigError, GrammarError, shown
-from .constraints import Grammar
-from .constraints.json_schema import to_lark
+from ..errors import ConfigError, GrammarError, shown
+from ..constraints import Grammar
+from ..constraints.json_schema import to_lark
 
 START, END = "<tool_call>", "</tool_call>"
 # Where a reply's calls are: the template's tags, or (as llama.cpp's Hermes parser also reads

@@ -1,0 +1,76 @@
+"""The ``llamaspec`` command: a thin shell over the library.
+
+    options.py      every option, named as in llama.cpp's programs (the draft sources' generated
+                    from their plugins), and what turns them into the library's arguments
+    generation.py   generate, chat, serve
+    tools.py        models, lookup (n-gram cache files), bench, profile, agreement, compare
+    repl.py         the terminal chat of ``llamaspec chat``
+
+Every user error is one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import click
+
+from ..errors import LlamaspecError, LlamaspecWarning
+from . import generation, tools
+
+
+class _OneLineErrors(click.Group):
+    """Prints every error, usage errors included, as one line: ``error: ...``."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        warnings.simplefilter("default", LlamaspecWarning)
+        warnings.showwarning = _show_warning
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            click.echo(f"error: {_one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except LlamaspecError as e:
+            click.echo(f"error: {_one_line(str(e))}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(message: str) -> str:
+    """A message on one line whatever it quotes (a file name with a newline in it)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    click.echo(f"warning: {_one_line(str(message))}", err=True)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="llamaspec")
+def cli() -> None:
+    """Faster local generation with llama.cpp models: speculative decoding with a draft model,
+    lookup decoding and lookahead decoding.
+
+    Models are GGUF paths or names from models.txt (see `llamaspec models list`).
+    """
+
+
+for command in (generation.generate, generation.chat, generation.serve, tools.models_group, tools.lookup_group,
+                tools.bench_command, tools.profile_command, tools.agreement_command, tools.compare_command):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="llamaspec")
+
+
+__all__ = ["cli", "main"]
