@@ -50,15 +50,16 @@ class PhraseSource(Source):
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        found = []
+        """``tokens``: the text so far, its last token the one about to be read."""
+        found = {}  # what follows -> the longest match behind it
         for phrase in self.phrases:
             for start in range(len(phrase) - 1):
                 n = self._match(tokens, phrase, start)
                 if n >= self.min_match and start + n < len(phrase):
-                    rest = phrase[start + n:start + n + budget.max_len]
-                    found.append((n, Candidate(rest, self.name, (min(n, 4),) * len(rest))))
-        found.sort(key=lambda f: -f[0])  # the longest matches first
-        return Proposal(tuple(c for _, c in found[:budget.max_candidates]))
+                    rest = tuple(phrase[start + n:start + n + budget.max_len])
+                    found[rest] = max(n, found.get(rest, 0))
+        best = sorted(found.items(), key=lambda f: -f[1])[:budget.max_candidates]  # the longest matches first
+        return Proposal(tuple(Candidate(rest, self.name, (min(n, 4),) * len(rest)) for rest, n in best))
 
     @staticmethod
     def _match(tokens: Sequence[int], phrase: Sequence[int], start: int) -> int:

@@ -5,17 +5,21 @@
     >>> result = spec.generate("def fib(n):", max_tokens=64, temperature=0)
     >>> result.text, result.stats.accept
 
-The package, layer by layer, in the order data flows through a step::
+The package, layer by layer, from the ground up (a layer imports only those below it)::
 
-    llama/     llama.cpp through its low-level API: models, contexts, vocabularies, chat templates
-    sources/   draft sources propose candidate tokens (lookup, n-gram caches, lookahead, a draft
-               model, sibling samples)
-    planning/  acceptance estimates and measured costs choose the token trie worth verifying
-    engine/    one llama_decode verifies it; exact acceptance; stops; many texts at once
+    config, errors, sampling, sequences   settings, one-line errors, distributions, token lists
+    llama/        llama.cpp through its low-level API: models, contexts, vocabularies, chat
+                  templates, n-gram cache files
     constraints/  JSON schemas and grammars the text follows (llguidance's matcher)
-    api.py     LlamaSpec, the public Python API (completions.py: llama-cpp-python's dicts)
-    server/    the OpenAI-compatible HTTP server;  cli.py, repl.py: the command line
-    measure/   bench, compare, agreement, replays of recorded answers
+    sources/      draft sources propose candidate tokens, each a plugin in one module (lookup,
+                  n-gram caches, lookahead, a draft model, sibling samples, the grammar)
+    planning/     acceptance estimates and measured costs choose the token trie worth verifying
+    engine/       one llama_decode verifies it; exact acceptance; stops; many texts at once
+    openai/       OpenAI's and llama-cpp-python's shapes (completions, tools)
+    assembly.py   a LlamaSpec put together;  api.py: LlamaSpec, the public Python API
+    server/       the OpenAI-compatible HTTP server
+    measure/      bench, compare, agreement, replays of recorded answers
+    cli/          the llamaspec command and its terminal chat
 """
 
 from .llama.pool import ModelPool

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -14,7 +15,8 @@ from click.testing import CliRunner
 
 import llamaspec
 from llamaspec import LlamaSpec, ModelConfig, SpecConfig
-from llamaspec.llama.binding import Context, Model
+from llamaspec.constraints import GrammarVocabulary
+from llamaspec.llama.binding import Context, Model, quantize
 from llamaspec.llama.pool import ModelPool
 from llamaspec.cli import cli
 
@@ -28,6 +30,14 @@ QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
 SMOL = "smollm2-135m-instruct"
 GEMMA = "gemma-3-270m"
 THREADS = int(os.environ.get("LLAMASPEC_TEST_THREADS", "2"))  # scripts/gpu_check.sh: the machine's cores
+
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
+DATA = ROOT / "tests" / "data"
+# Greedy answers recorded from Qwen2.5-Coder-1.5B (the bench suite's, more, and some used in no fit).
+ANSWERS = json.loads((DATA / "answers.json").read_text())
+MORE_ANSWERS = json.loads((DATA / "more_answers.json").read_text())
+HELD_OUT_ANSWERS = json.loads((DATA / "held_out_answers.json").read_text())
 
 
 def chatml(user: str) -> str:
@@ -63,6 +73,20 @@ def model_file():
 def qwen_vocab(model_file):
     """Qwen2.5's vocabulary (that of the recorded answers in tests/data)."""
     return Model(model_file(QWEN), vocab_only=True)
+
+
+@pytest.fixture(scope="session")
+def grammar_vocabulary():
+    """A model's GrammarVocabulary, built once per model for the whole run."""
+    made = {}
+
+    def get(model) -> GrammarVocabulary:
+        if id(model) not in made:
+            made[id(model)] = GrammarVocabulary(model)
+        return made[id(model)]
+    yield get
+    for vocab in made.values():
+        vocab.close()
 
 
 @pytest.fixture(scope="session")
@@ -227,6 +251,20 @@ def reference(model_file, pool):
     for ref in cache.values():
         ref.ctx.close()
         pool.release(ref.model)
+
+
+@pytest.fixture(scope="session")
+def smol_quant(model_file, tmp_path_factory):
+    """SmolLM2 quantized anew by llama.cpp's quantizer (``kind``: Q2_K, Q8_0...): a model with
+    SmolLM2's vocabulary and other weights, a draft that disagrees with it; made once a run."""
+    made = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = tmp_path_factory.mktemp("quant") / f"smol.{kind}.gguf"
+            quantize(model_file(SMOL), made[kind], kind, THREADS)
+        return made[kind]
+    return get
 
 
 @pytest.fixture(scope="session")

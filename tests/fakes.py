@@ -3,9 +3,24 @@ sequence ids. Fast tests of the engine's bookkeeping drive it instead of a model
 
 from __future__ import annotations
 
-from typing import List, Sequence, Set, Tuple
+import collections
+from typing import Iterator, List, Sequence, Set, Tuple
 
 import numpy as np
+
+from llamaspec.config import SamplingConfig
+from llamaspec.constraints import GrammarVocabulary
+from llamaspec.engine.engine import Engine, Step
+from llamaspec.engine.generation import make_config
+from llamaspec.engine.scheduler import Request, RequestStream, Scheduler, Stream
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.planning.costs import CostCurve, CostModel
+from llamaspec.planning.planner import Planner
+from llamaspec.planning.speculator import Speculator
+from llamaspec.sampling import Uniforms, sample, transform
+from llamaspec.sources import default_registry
+from llamaspec.sources.base import Candidate, Outcome, Proposal, Source
+from llamaspec.sources.lookup import LookupSource
 
 V = 16  # vocabulary
 EOS = 15
@@ -138,3 +153,149 @@ def check_kv(ctx: FakeContext, tokens: Sequence[int]) -> None:
     assert ctx.cells(0) == list(tokens[:-1])
     assert ctx.used_seqs() <= {0}, f"stale sequences {ctx.used_seqs()}"
 
+
+# --- engines and sources of fake targets, for the engine's and the lanes' tests ---------------------
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+class OneText:
+    """One text at a time on a one-lane engine over a fake target, as a LlamaSpec runs it: the
+    scheduler cuts a text at its stop and goes on with its speculator for the next text."""
+
+    def __init__(self, sources, curve=CostCurve.flat(), ctx=None, **ctx_options) -> None:
+        self.ctx = ctx if ctx is not None else FakeContext(**ctx_options)
+        self.sources = list(sources)
+        self.engine = Engine(self.ctx, 1)
+        self.scheduler = Scheduler(self.engine, FakeModel(), lambda text: self.sources,
+                                   Planner(CostModel(curve)), self.ctx.n_ctx, self.ctx.n_ctx, with_oracle(),
+                                   exclusive=True, grammars=GrammarVocabulary(FakeModel()))
+
+    @property
+    def tokens(self) -> List[int]:
+        return self.engine.lanes[0].tokens
+
+    @property
+    def speculator(self) -> Speculator:
+        return self.engine.lanes[0].speculator
+
+    def generate(self, prompt, **options):
+        """(chunks, result) of one generation, read as a LlamaSpec's caller reads it."""
+        request = Request(list(prompt), make_config(**options))
+        self.scheduler.submit(request)
+        chunks = list(Stream(RequestStream(request, self.scheduler.cancel, self.scheduler.step)))
+        return chunks, chunks[-1].result
+
+    def steps(self, prompt, sampling=GREEDY, seed=0, max_new=100, constraint=None) -> Iterator[Step]:
+        """The engine's steps for ``prompt`` (the first: the prompt's decode, its first token),
+        its text following ``constraint`` where given; closing the generator stops the text, its
+        caches trimmed."""
+        if self.speculator is None:
+            self.engine.lanes[0].speculator = Speculator(self.sources, self.scheduler.model, self.scheduler.planner)
+        lane = self.engine.lanes[0]
+        self.engine.start([0], list(prompt), [lane.speculator], sampling,
+                          [(np.random.default_rng(seed), Uniforms(seed))], max_new, self.ctx.n_ctx, [constraint])
+        try:
+            while lane.state == "prompt" or lane.live:
+                for _, step in self.engine.step():
+                    yield step
+        finally:
+            self.engine.stop(0)
+
+
+class QDraft(Source):
+    """A draft model stand-in: samples a two-token chain from q, a blurred copy of the target's p."""
+
+    name = "draft"
+
+    def propose(self, tokens, budget, sampling, rng):
+        if budget.max_len < 1:
+            return Proposal()
+        text, toks, qs = list(tokens), [], []
+        for _ in range(min(2, budget.max_len)):
+            q = transform(logits_of(text, sharp=False) * 0.5 + 0.3, sampling)
+            x = sample(q, rng)
+            toks.append(x)
+            qs.append(q)
+            text.append(x)
+        return Proposal((Candidate(tuple(toks), self.name, (5,) * len(toks), tuple(qs)),))
+
+
+class Oracle(Source):
+    """A source that knows what the fake target will say: proposes ``k`` tokens of it, and a
+    wrong second candidate sharing its first tokens (a trie with a shared prefix)."""
+
+    name = "oracle"
+
+    def __init__(self, k: int = 6, wrong_after: int = 2) -> None:
+        self.k, self.wrong_after = k, wrong_after
+
+    def propose(self, tokens, budget, sampling, rng):
+        right = tuple(greedy_text(tokens, min(self.k, budget.max_len)))
+        if not right:
+            return Proposal()
+        wrong = right[:self.wrong_after] + ((right[self.wrong_after] + 1) % (V - 1),) if len(right) > self.wrong_after else ()
+        cands = [Candidate(right, self.name, (1,) * len(right))]
+        if wrong:
+            cands.append(Candidate(wrong, self.name, (1,) * len(wrong)))
+        return Proposal(tuple(cands))
+
+
+class StepLog(Source):
+    """A source that records what the engine tells it, to check the outcome it learns from."""
+
+    name = "log"
+
+    def __init__(self):
+        self.outcomes: List[Outcome] = []
+
+    def propose(self, tokens, budget, sampling, rng):
+        return Proposal()
+
+    def learn(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def with_oracle() -> AcceptanceModel:
+    """The oracle's priors (it knows the fake target), and every built-in source's keys at 0.1:
+    they know nothing of the fake target's text."""
+    registry = default_registry()
+    priors = {name: dict.fromkeys(keys, 0.1) for name, keys in registry.priors().items()}
+    return AcceptanceModel({**priors, "oracle": {1: 0.9}}, {**dict.fromkeys(priors, 0.1), "oracle": 0.9})
+
+
+def engine(sources, curve=CostCurve.flat(), **ctx_options):
+    eng = OneText(sources, curve, **ctx_options)
+    return eng, eng.ctx
+
+
+def second_and_third_tokens(prompt_of, sampling, n, constraint_of=lambda: None) -> collections.Counter:
+    """How often each pair of the 2nd and 3rd tokens comes, over ``n`` seeds (prompt_of(seed)),
+    through the engine with lookup and a sampled draft, the KV cache checked after each text."""
+    eng, ctx = engine([LookupSource(), QDraft()], sharp=False)
+    counts = collections.Counter()
+    for seed in range(n):
+        got = []
+        steps = eng.steps(prompt_of(seed), sampling, seed, 3, constraint=constraint_of())
+        for step in steps:
+            got += step.tokens
+            if len(got) >= 3:
+                break
+        steps.close()
+        counts[tuple(got[1:3])] += 1
+        check_kv(ctx, eng.tokens)
+    return counts
+
+
+class BlurredContext(FakeContext):
+    """A draft model that is not the target: the fake target's logits, blurred."""
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        return super().logits_ith(i) * 0.5 + 0.3
+
+
+def cheap_draft() -> CostModel:
+    """A draft model that costs a tenth of the target per token, on a flat curve: worth asking
+    every step. A new one per scheduler: a cost model learns from the decodes it sees, and one
+    shared by several tests carried what one test's fakes measured into the next."""
+    return CostModel(CostCurve([1.0] * 32, 10.0, 1, "ideal"), {"draft": CostCurve([1.0] * 32, 1.0, 1, "ideal")})

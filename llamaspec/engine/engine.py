@@ -34,7 +34,7 @@ chunk's first token)::
     seq 3    .    .    .    x    .    .    x    .
     logits   .    .    x    x    x    x    x    x
 
-A lane's plan may carry lookahead's window (a rider): its rows follow the lane's trie rows, on
+A lane's plan may carry lookahead's Jacobi window (a Window, decoded beside the trie, not verified): its rows follow the lane's trie rows, on
 scratch sequences after the branches', when the lanes planned before left enough of them free;
 otherwise the window waits for a later step.
 
@@ -87,7 +87,7 @@ Uniform = Callable[[int], float]
 Criterion = Callable[[np.ndarray, np.ndarray], bool]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """One target decode (or the prompt's, for the first token).
 
@@ -103,7 +103,7 @@ class Step:
     of the first token not to emit), if it did.
     """
 
-    tokens: List[int]
+    tokens: List[int] = field(default_factory=list)
     n_drafted: int = 0
     drafted: Dict[str, int] = field(default_factory=dict)
     path_sources: Tuple[Tuple[str, ...], ...] = ()
@@ -164,11 +164,11 @@ class Lane:
         return self.target.constraint
 
 
-@dataclass(eq=False)
-class Laid:
+@dataclass(eq=False, kw_only=True)
+class LaneRows:
     """A decoding lane's part of one decode: its plan, the trie's layout, the KV-cache sequences
     its rows use (its home first), its batch rows, where its output rows start and how many are
-    the pending token's and the trie's (``n_trie``) and the window's (``n_rider``)."""
+    the pending token's and the trie's (``n_trie``) and the window's (``n_window``)."""
 
     lane: Lane
     plan: Plan
@@ -177,7 +177,7 @@ class Laid:
     rows: List[Tuple[int, int, Tuple[int, ...], bool]]
     out: int
     n_trie: int
-    n_rider: int
+    n_window: int
     t_plan: float = 0.0
 
 
@@ -281,7 +281,7 @@ class Engine:
                 chunks.append((ln, take, n_out, last))
                 n_out += take if echo else last
                 committed += take
-            laid: List[Laid] = []
+            lanes_rows: List[LaneRows] = []
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
             self._turn += 1
             costs = order[0].speculator.costs if order else None
@@ -302,14 +302,14 @@ class Engine:
                 mine.t_plan = t + time.perf_counter() - t0 + plan.t_draft
                 used += mine.seqs[1:]
                 rows += mine.rows
-                laid.append(mine)
-                n_out += mine.n_trie + mine.n_rider
+                lanes_rows.append(mine)
+                n_out += mine.n_trie + mine.n_window
                 committed += len(mine.rows) - 1
             if not rows:
                 return []
-            length = max(len(d.lane.tokens) for d in laid) if laid else None
+            length = max(len(d.lane.tokens) for d in lanes_rows) if lanes_rows else None
             verify = (lambda n: costs.verify(n, length)) if costs is not None else None
-            if laid and verify is not None:
+            if lanes_rows and verify is not None:
                 self._pad(rows, free, used, verify)
             warm = self.shape.warm(len(rows))
             busy = target.t_llama
@@ -327,10 +327,10 @@ class Engine:
                 if last:  # the prompt's last row: every row has logits when echoing, else only it
                     emitted += self._first_tokens(ln, logits[out + take - 1 if ln.echoed is not None else out])
             accepted = 0
-            for d in laid:
-                window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_rider]
-                rider_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_rider else None
-                step = self._settle(d, logits[d.out:], rider_tokens)
+            for d in lanes_rows:
+                window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_window]
+                window_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_window else None
+                step = self._settle(d, logits[d.out:], window_tokens)
                 accepted += step.n_accepted
                 emitted.append((d.lane.home, step))
             self.shape.decoded(len(rows), accepted, verify)
@@ -364,7 +364,7 @@ class Engine:
         """KV cells the lanes' homes hold at most (cells shared by a group's lanes counted for each)."""
         return sum(len(ln.cached) for ln in self.lanes)
 
-    def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "Laid":
+    def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "LaneRows":
         """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``
         scratch sequences are left (those it takes are removed), its window; its output rows
         start at ``out``."""
@@ -373,21 +373,22 @@ class Engine:
         local = list(layout.rows)
         n_seqs = layout.n_seqs
         n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
-        n_rider = 0
-        rider = plan.rider
-        if rider is not None and n_seqs - 1 + rider.n_seqs > len(free):
-            rider = None  # the lanes before took the scratch sequences: the window waits
-        if rider is not None:  # its columns: sequences after the branches'
-            local += rider.after(n_seqs)
-            n_seqs += rider.n_seqs
-            n_rider = sum(1 for row in rider.rows if row[3])
+        n_window = 0
+        window = plan.window
+        if window is not None and n_seqs - 1 + window.n_seqs > len(free):
+            window = None  # the lanes before took the scratch sequences: the window waits
+        if window is not None:  # its columns: sequences after the branches'
+            local += window.after(n_seqs)
+            n_seqs += window.n_seqs
+            n_window = sum(1 for row in window.rows if row[3])
         seqs = [ln.home] + free[:n_seqs - 1]
         del free[:n_seqs - 1]
         for s in seqs[1:]:
             self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
         rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
         rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
-        return Laid(ln, plan, layout, seqs, rows, out, n_trie, n_rider)
+        return LaneRows(lane=ln, plan=plan, layout=layout, seqs=seqs, rows=rows, out=out, n_trie=n_trie,
+                        n_window=n_window)
 
     def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
         """The group's prompt is read: every lane of it shares the cells and draws its first token."""
@@ -405,7 +406,7 @@ class Engine:
                 ln.cached = list(first.cached)
             if ln.left <= 0:  # nothing to generate (max_tokens 0): a step of no tokens ends it
                 ln.state = "decoding"
-                out.append((ln.home, Step([], echoed=echoed)))
+                out.append((ln.home, Step(echoed=echoed)))
                 continue
             shaped = ln.target.row(row, ln.tokens)
             token = ln.target.choose(shaped, lambda: ln.uniform(n))
@@ -414,10 +415,10 @@ class Engine:
             ln.tokens.append(token)
             ln.left -= 1
             ln.state = "decoding"
-            out.append((ln.home, Step([token], logprobs=logprobs, echoed=echoed, halt=halt)))
+            out.append((ln.home, Step(tokens=[token], logprobs=logprobs, echoed=echoed, halt=halt)))
         return out
 
-    def _settle(self, d: "Laid", logits: np.ndarray, rider_tokens: Optional[Tuple[int, ...]]) -> Step:
+    def _settle(self, d: "LaneRows", logits: np.ndarray, window_tokens: Optional[Tuple[int, ...]]) -> Step:
         """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
         from the target's greedy tokens at its rows, when it rode)."""
         ln, plan, seqs = d.lane, d.plan, d.seqs
@@ -438,7 +439,7 @@ class Engine:
             ln.cached += accepted
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
-        outcome, step = settle(plan, path, token, rider_tokens, ln.tokens, d.t_plan)
+        outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan)
         ln.speculator.learn(outcome)
         return replace(step, logprobs=logprobs, halt=halt)
 
@@ -468,7 +469,7 @@ def halted(stopping: Optional[Criterion], text: Sequence[int], new: Sequence[int
     return None
 
 
-def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[Tuple[int, ...]],
+def settle(plan: Plan, path: Sequence[int], token: int, window_tokens: Optional[Tuple[int, ...]],
            tokens: Sequence[int], t_plan: float) -> Tuple[Outcome, Step]:
     """What a verified step showed (for learning) and what it emitted (for the caller).
     ``tokens``: the text after the step; its cost is the plan's: what its rows (and drafting)
@@ -476,13 +477,12 @@ def settle(plan: Plan, path: Sequence[int], token: int, rider_tokens: Optional[T
     trie, candidates = plan.trie, plan.candidates
     accepted = [trie.token[v] for v in path]
     path_sources = tuple(trie.sources(v, candidates) for v in path)
-    outcome = Outcome(tokens, candidates, plan.lengths, tuple(accepted + [token]), path_sources, rider_tokens,
-                      plan.choice.cost, plan.choice.estimated, t_plan - plan.t_draft)
-    drafted: Dict[str, int] = {}
-    for v in range(1, len(trie)):
-        for name in trie.sources(v, candidates):
-            drafted[name] = drafted.get(name, 0) + 1
+    outcome = Outcome(tokens=tokens, candidates=candidates, verified=plan.lengths, emitted=tuple(accepted + [token]),
+                      path_sources=path_sources, window_tokens=window_tokens, cost=plan.choice.cost,
+                      estimated=plan.choice.estimated, seconds=t_plan - plan.t_draft)
+    drafted = trie.drafted(candidates)
     branches = sum(1 for v in range(1, len(trie)) if not trie.children[v])
-    step = Step(accepted + [token], len(trie) - 1, drafted, path_sources, max(trie.depth), t_plan, plan.t_draft,
-                plan.idle, branches, asked=plan.asked)
+    step = Step(tokens=accepted + [token], n_drafted=len(trie) - 1, drafted=drafted, path_sources=path_sources,
+                depth=max(trie.depth), t_plan=t_plan, t_draft=plan.t_draft, idle=plan.idle, branches=branches,
+                asked=plan.asked)
     return outcome, step

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:
     from .engine import Step
@@ -19,14 +19,41 @@ class SourceStats:
 
 
 @dataclass
-class Stats:
-    """What happened in one generation.
+class DraftCounts:
+    """Candidate tokens verified and, of those, accepted: ``n_drafted`` / ``n_accept`` /
+    ``accept`` mean what llama-speculative-simple prints. With several candidates in one step a
+    token proposed by two sources is one verified row; ``sources`` counts it for each. What a
+    generation reports (Stats) and a replay predicts (measure.replay.ReplayStats) both count so."""
 
-    ``n_predict`` counts emitted tokens (an end-of-generation token included);
-    ``n_drafted`` / ``n_accept`` / ``accept`` mean what llama-speculative-simple prints:
-    candidate tokens verified, and of those accepted. With several candidates in one step a
-    token proposed by two sources is one verified row; ``sources`` counts it for each.
-    Times are wall-clock seconds.
+    n_drafted: int = 0
+    n_accept: int = 0
+    sources: Dict[str, SourceStats] = field(default_factory=dict)
+
+    @property
+    def accept(self) -> float:
+        """Acceptance rate in percent (llama.cpp's ``accept``)."""
+        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    def count(self, n_drafted: int, drafted: Mapping[str, int], path_sources: Sequence[Sequence[str]]) -> None:
+        """One verified step: ``n_drafted`` candidate tokens, ``drafted[name]`` of them each
+        source's, and its accepted tokens' sources (``path_sources``, one entry a token)."""
+        self.n_drafted += n_drafted
+        self.n_accept += len(path_sources)
+        for name, n in drafted.items():
+            s = self.sources.setdefault(name, SourceStats())
+            s.drafted += n
+            s.steps += 1
+        for names in path_sources:
+            for name in names:
+                self.sources.setdefault(name, SourceStats()).accepted += 1
+
+
+@dataclass
+class Stats(DraftCounts):
+    """What happened in one generation (besides DraftCounts).
+
+    ``n_predict`` counts emitted tokens (an end-of-generation token included). Times are
+    wall-clock seconds.
     """
 
     strategy: str = "plain"
@@ -36,8 +63,6 @@ class Stats:
     n_prompt_eval: int = 0  # of those, evaluated now (the rest were reused from the KV cache)
     t_prompt: float = 0.0
     n_predict: int = 0
-    n_drafted: int = 0
-    n_accept: int = 0
     n_target_calls: int = 0  # target llama_decode calls that chose tokens (the prompt's included)
     n_asked: int = 0  # of which, steps that asked the draft sources (see planning.gate)
     t_decode: float = 0.0  # generation loop, drafting included
@@ -48,13 +73,7 @@ class Stats:
     drafted_by_pos: List[int] = field(default_factory=list)  # steps that verified a token at depth i + 1
     accepted_by_pos: List[int] = field(default_factory=list)  # steps that accepted one there
     n_branches: int = 0  # branches of the verified tries (their leaves), summed over the steps
-    sources: Dict[str, SourceStats] = field(default_factory=dict)
     idle: Dict[str, str] = field(default_factory=dict)  # why an expensive source did not run, last time
-
-    @property
-    def accept(self) -> float:
-        """Acceptance rate in percent (llama.cpp's ``accept``)."""
-        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
     @property
     def tokens_per_call(self) -> float:
@@ -91,8 +110,7 @@ class Stats:
         self.n_target_calls += 1
         self.n_asked += step.asked
         self.n_predict += kept
-        self.n_drafted += step.n_drafted
-        self.n_accept += n_accepted
+        self.count(step.n_drafted, step.drafted, step.path_sources[:n_accepted])
         self.t_plan += step.t_plan
         self.t_draft += step.t_draft
         self.n_branches += step.branches
@@ -104,13 +122,6 @@ class Stats:
             self.drafted_by_pos[i] += 1
         for i in range(n_accepted):
             self.accepted_by_pos[i] += 1
-        for name, n in step.drafted.items():
-            s = self.sources.setdefault(name, SourceStats())
-            s.drafted += n
-            s.steps += 1
-        for names in step.path_sources[:n_accepted]:
-            for name in names:
-                self.sources.setdefault(name, SourceStats()).accepted += 1
         for name, why in step.idle.items():
             self.idle[name] = why
         for name in step.drafted:

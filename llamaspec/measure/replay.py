@@ -18,8 +18,8 @@ speed-ups are over plain decoding, which costs one unit per further token.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, DefaultDict, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, DefaultDict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,27 +33,20 @@ from ..sources import default_registry
 from ..planning.planner import MAX_LEAVES, Limits, Planner
 from ..sequences import common_prefix
 from ..planning.speculator import Speculator
-from ..engine.stats import SourceStats
+from ..engine.stats import DraftCounts
 
 if TYPE_CHECKING:
     from ..engine.generation import Vocabulary
 
 
 @dataclass
-class ReplayStats:
+class ReplayStats(DraftCounts):
     """What speculation would have done on a known answer (llama-lookup-stats' figures)."""
 
     n_tokens: int = 0  # tokens emitted by target decodes (the prompt's first token aside)
     n_steps: int = 0  # target decodes
     n_asked: int = 0  # of which, steps that asked the sources
-    n_drafted: int = 0
-    n_accept: int = 0
     cost: float = 0.0  # in single-token decodes
-    sources: Dict[str, SourceStats] = field(default_factory=dict)
-
-    @property
-    def accept(self) -> float:
-        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
     @property
     def speedup(self) -> float:
@@ -105,16 +98,15 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         # asking's time as the speculator learns it, at the text's length: ask_cost decodes there
         ask_seconds = ask_cost * speculator.costs.ms(CostModel.TARGET, 1, len(tokens)) / 1000
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
-        speculator.learn(Outcome(tokens, plan.candidates, plan.lengths, tuple(emitted), path_sources,
-                                 cost=plan.choice.cost, estimated=plan.choice.estimated,
+        speculator.learn(Outcome(tokens=tokens, candidates=plan.candidates, verified=plan.lengths,
+                                 emitted=tuple(emitted), path_sources=path_sources, cost=plan.choice.cost, estimated=plan.choice.estimated,
                                  seconds=ask_seconds if plan.asked else 0.0))
         stats.n_tokens += len(emitted)
         stats.n_steps += 1
         stats.n_asked += plan.asked
-        stats.n_drafted += len(trie) - 1
-        stats.n_accept += len(path)
+        stats.count(len(trie) - 1, trie.drafted(plan.candidates), path_sources)
         # what the decode costs: its rows (padded as the engine pads them), a change of shape in full
-        rows = len(trie) + (len(plan.rider.rows) if plan.rider is not None else 0)
+        rows = len(trie) + (len(plan.window.rows) if plan.window is not None else 0)
         length = len(tokens) - len(emitted)
         def verify(n: int) -> float:
             return costs.verify(n, length)
@@ -122,12 +114,6 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         changed = costs.switch if shape.rows and decoded != shape.rows else 0.0
         stats.cost += verify(decoded) + changed + (ask_cost if plan.asked else 0.0)
         shape.decoded(decoded, len(path), verify)
-        for v in range(1, len(trie)):
-            for name in trie.sources(v, plan.candidates):
-                stats.sources.setdefault(name, SourceStats()).drafted += 1
-        for names in path_sources:
-            for name in names:
-                stats.sources[name].accepted += 1
     return stats
 
 

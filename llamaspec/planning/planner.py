@@ -33,7 +33,7 @@ the candidate tokens accepted to those the estimates expected, over recent verif
 (``Planner.calibration``, held near 1 until there is evidence, drifting back to 1 when nothing
 is verified), siblings still sharing at most their parent's P.
 
-A rider (lookahead's Jacobi window) adds its rows to the batch and its value (expected future
+A window (lookahead's Jacobi window) adds its rows to the batch and its value (expected future
 tokens) to E; it rides when that raises E / cost.
 
 A draft model costs time before anything is known of its proposal, so it is asked first:
@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from ..sources.base import Budget, Candidate, Rider
+from ..sources.base import Budget, Candidate, Window
 from ..sources import default_registry
 from .shape import decode
 from .costs import N_MAX, CostModel
@@ -96,7 +96,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Choice:
-    """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the rider rides.
+    """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the window rides.
     ``expected`` tokens for ``cost`` single-token decodes (drafting included); ``value``: what
     they are worth, in tokens (see _worth); ``estimated``: the candidate tokens the acceptance
     model expected accepted, before calibration."""
@@ -116,7 +116,7 @@ class Choice:
 class Planner:
     """Chooses what to verify from candidates, their per-token acceptance estimates and the costs.
 
-    Sources named in ``fixed`` are verified whole, every step (and their rider always rides): how
+    Sources named in ``fixed`` are verified whole, every step (and their window always rides): how
     llama.cpp's programs verify, for comparing with them. ``shadowed``: source -> the source that
     shadows it (``Plugin.shadowed_by``; by default the built-in sources').
     """
@@ -161,14 +161,14 @@ class Planner:
         self._estimated = self._estimated * d + estimated
 
     def choose(self, candidates: Sequence[Candidate], rates: Sequence[Sequence[float]],
-               rider: Optional[Rider], limits: Limits, sunk: float = 0.0) -> Choice:
+               window: Optional[Window], limits: Limits, sunk: float = 0.0) -> Choice:
         """The best selection. ``rates[c][i]``: estimated acceptance of ``candidates[c].tokens[i]``
         given its predecessors; ``sunk``: what drafting already cost this step."""
         if not self.fixed and not limits.base_rows:
             # no more rows than the cost curve measured: past N_MAX a cost is a guess (on a 2-core
             # Xeon 33 rows cost 6.95 single-token decodes where 32 cost 6.11, a proportional guess 6.3)
             limits = replace(limits, max_rows=min(limits.max_rows, N_MAX))
-        if not self.fixed and not self._may_pay(rates, rider, limits):
+        if not self.fixed and not self._may_pay(rates, window, limits):
             return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
         lam = self.rate
         parent, raw, depth, support = _nodes(candidates, rates, self.shadowed)
@@ -176,8 +176,8 @@ class Planner:
         worth = _worth(parent, prob, lam)
         forced = [v for v in range(1, len(parent))
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
-        force_ride = rider is not None and bool(self.fixed)
-        rider_rows = len(rider.rows) if rider is not None else 0
+        force_window = window is not None and bool(self.fixed)
+        rider_rows = len(window.rows) if window is not None else 0
         def cost(rows: int) -> float:
             return self._added(limits, rows)
 
@@ -191,9 +191,9 @@ class Planner:
         def consider() -> None:
             nonlocal best
             rows = 1 + len(chosen)
-            options = [] if force_ride else [(value - lam * (sunk + cost(rows)), False)]
-            if rider is not None and rows + rider_rows <= limits.max_rows:
-                options.append((value + rider.value - lam * (sunk + cost(rows + rider_rows)), True))
+            options = [] if force_window else [(value - lam * (sunk + cost(rows)), False)]
+            if window is not None and rows + rider_rows <= limits.max_rows:
+                options.append((value + window.value - lam * (sunk + cost(rows + rider_rows)), True))
             for score, ride in options:
                 if best is None or score > best[0]:
                     best = (score, len(chosen), ride)
@@ -223,7 +223,7 @@ class Planner:
         for v in chosen[:n]:
             for c, pos in support[v]:
                 lengths[c] = max(lengths[c], pos + 1)
-        ridden = rider.value if ride and rider else 0.0
+        ridden = window.value if ride and window else 0.0
         expected = 1.0 + sum(prob[v] for v in chosen[:n]) + ridden
         worth_all = 1.0 + sum(prob[v] * worth[v] for v in chosen[:n]) + ridden
         rows = 1 + n + (rider_rows if ride else 0)
@@ -242,7 +242,7 @@ class Planner:
         """What a decode of ``rows`` rows costs after the last one (planning/shape.py)."""
         return decode(rows, limits.shape, limits.switch, lambda n: self.costs.verify(n, limits.length))[1]
 
-    def _may_pay(self, rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits) -> bool:
+    def _may_pay(self, rates: Sequence[Sequence[float]], window: Optional[Window], limits: Limits) -> bool:
         """Whether any selection could beat a plain step: a bound that spares building the trie
         where nothing pays, which is most steps of a text that copies little. Verifying m nodes
         adds at most the m best single chain values (calibrated, at most 1 each: merging shares
@@ -251,7 +251,7 @@ class Planner:
         lam, factor = self.rate, self.calibration
         values = sorted((lam * min(1.0, factor * p) for chain in _chains(rates) for p in chain), reverse=True)
         plain = 1.0 - lam * self._added(limits, 1)
-        ride_rows, ride_value = (len(rider.rows), rider.value) if rider is not None else (0, 0.0)
+        ride_rows, ride_value = (len(window.rows), window.value) if window is not None else (0, 0.0)
         if ride_rows and 1.0 + ride_value - lam * self._added(limits, 1 + ride_rows) > plain:
             return True
         value = 1.0
@@ -264,13 +264,13 @@ class Planner:
         return False
 
     def ask(self, name: str, rate: float, lag: int, draft_max: int, candidates: Sequence[Candidate],
-            rates: Sequence[Sequence[float]], rider: Optional[Rider], limits: Limits,
+            rates: Sequence[Sequence[float]], window: Optional[Window], limits: Limits,
             base: Optional[Choice] = None) -> Tuple[Optional[Budget], str]:
         """Whether a draft model is worth running this step, with ``rate`` its expected per-token
         acceptance and ``lag`` the accepted tokens its cache misses: (its budget or None, why).
         ``base``: the choice among the other candidates, when already made."""
         lam = self.rate
-        base = base or self.choose(candidates, rates, rider, limits)
+        base = base or self.choose(candidates, rates, window, limits)
         base_score = base.value - lam * base.cost
         length = limits.length
         c_d = self.costs.token(name, length)
@@ -303,7 +303,7 @@ class Planner:
         best_score, best_k = base_score, 0
         for k in lengths:
             hyp = Candidate(tuple(range(-k, 0)), name, (0,) * k)
-            choice = self.choose([*candidates, hyp], [*rates, [rate] * k], rider, limits, drafting(k))
+            choice = self.choose([*candidates, hyp], [*rates, [rate] * k], window, limits, drafting(k))
             score = choice.value - lam * choice.cost
             if choice.lengths[-1] and score > best_score:
                 best_score, best_k = score, k

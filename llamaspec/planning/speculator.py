@@ -3,7 +3,7 @@
 The replay harness (a recorded answer) drives it a step at a time::
 
     plan = speculator.plan(tokens, limits, sampling, rng)   # candidates -> what to verify
-    ... verify plan.trie (and the rider) ...
+    ... verify plan.trie (and the window) ...
     speculator.learn(outcome)                                # every part learns from one outcome
 
 and the engine (a real target, one lane or several) plans in two halves, so that the lanes'
@@ -37,7 +37,7 @@ import numpy as np
 from .acceptance_model import AcceptanceModel
 from ..constraints import Constraint
 from ..sources import rounds
-from ..sources.base import LEAD, Budget, Candidate, Drafting, Outcome, Proposal, Rider, Source
+from ..sources.base import FORCED, Budget, Candidate, Drafting, Outcome, Proposal, Window, Source
 from ..config import SamplingConfig
 from ..sampling import Distribution
 from .costs import CostModel
@@ -49,28 +49,28 @@ from .trie import Trie
 MAX_CANDIDATES = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What to verify this step: ``trie`` (the pending token at its root) holds the first
-    ``lengths[c]`` tokens of every ``candidates[c]``; ``rider`` rides along when set.
+    ``lengths[c]`` tokens of every ``candidates[c]``; ``window`` rides along when set.
     ``t_draft`` is the wall time an expensive source spent proposing; ``asked``: whether the
     sources were asked (see Gate)."""
 
     trie: Trie
     candidates: Tuple[Candidate, ...]
     lengths: Tuple[int, ...]
-    rider: Optional[Rider]
+    window: Optional[Window]
     choice: Choice
     t_draft: float = 0.0
     idle: Dict[str, str] = field(default_factory=dict)
     asked: bool = True
 
 
-@dataclass(eq=False)
-class Asked:
+@dataclass(eq=False, kw_only=True)
+class StepProposals:
     """A step's sources asked, the expensive ones' drafting not run yet (the engine runs every
     lane's together): the cheap sources' candidates and their estimated acceptance (``rates``),
-    lookahead's ``rider``, each expensive source asked and its ``drafting``, why the others
+    lookahead's ``window``, each expensive source asked and its ``drafting``, why the others
     idle, the choice among the cheap candidates where an expensive source was considered,
     ``admit`` (a candidate as the text's grammar and end tokens let it be verified) and
     ``rate_of`` (a candidate's estimates). ``asked``: whether the sources were asked (see Gate)."""
@@ -79,7 +79,7 @@ class Asked:
     limits: Limits
     candidates: List[Candidate]
     rates: List[List[float]]
-    rider: Optional[Rider]
+    window: Optional[Window]
     drafting: List[Tuple[Source, Drafting]]
     admit: Callable[[Candidate], Optional[Candidate]]
     rate_of: Callable[[Candidate], List[float]]
@@ -115,7 +115,7 @@ class Speculator:
 
     def propose(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
                 constraint: Optional[Constraint] = None,
-                estimate: Optional[Callable[[Candidate], List[float]]] = None) -> "Asked":
+                estimate: Optional[Callable[[Candidate], List[float]]] = None) -> "StepProposals":
         """Ask the cheap sources for candidates after ``tokens``, and each expensive source the
         planner expects to pay for its drafting. ``constraint``: the grammar's state after them,
         where the text has one: the target never takes a token the grammar forbids, so a
@@ -132,9 +132,10 @@ class Speculator:
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         limits = replace(limits, length=len(tokens))
         if not self.planner.fixed and not self.gate.ask(self.planner.plain_cost(limits)):
-            return Asked(tokens, limits, [], [], None, [], admit, rate_of, asked=False)
+            return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
+                                 admit=admit, rate_of=rate_of, asked=False)
         candidates: List[Candidate] = []
-        rider: Optional[Rider] = None
+        window: Optional[Window] = None
         budget = Budget(limits.max_depth, MAX_CANDIDATES)
         lead = constraint.forced()[:limits.max_depth - 1] if constraint is not None and limits.max_depth > 1 else []
         expensive = [source for source in self.sources if source.expensive] if limits.max_depth > 0 else []
@@ -145,21 +146,22 @@ class Speculator:
                 if lead and source.past_forced:
                     proposal = source.propose(list(tokens) + lead, replace(budget, max_len=budget.max_len - len(lead)),
                                               sampling, rng)
-                    proposed = [_led(lead, c) for c in proposal.candidates]
+                    proposed = [_after_forced(lead, c) for c in proposal.candidates]
                 else:
                     proposal = source.propose(tokens, budget, sampling, rng)
                     proposed = list(proposal.candidates)
                 candidates += [c for c in map(admit, proposed) if c is not None]
-                rider = proposal.rider or rider
-        if rider is not None and max(row[1] for row in rider.rows) > limits.room:
-            rider = None
+                window = proposal.window or window
+        if window is not None and max(row[1] for row in window.rows) > limits.room:
+            window = None
         rates = [rate_of(c) for c in candidates]
-        asked = Asked(tokens, limits, candidates, rates, rider, [], admit, rate_of)
+        asked = StepProposals(tokens=tokens, limits=limits, candidates=candidates, rates=rates, window=window,
+                              drafting=[], admit=admit, rate_of=rate_of)
         if expensive:
-            asked.choice = self.planner.choose(candidates, rates, rider, limits)
+            asked.choice = self.planner.choose(candidates, rates, window, limits)
         for source in expensive:
             ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
-                                        source.max_len, candidates, rates, rider, limits, asked.choice)
+                                        source.max_len, candidates, rates, window, limits, asked.choice)
             if ask is None:
                 asked.idle[source.name] = why
             else:
@@ -167,7 +169,7 @@ class Speculator:
                 asked.drafting.append((source, source.drafting(tokens, budget, sampling, rng)))
         return asked
 
-    def choose(self, asked: "Asked", drafted: Sequence[Tuple[Proposal, float]], limits: Limits) -> Plan:
+    def choose(self, asked: "StepProposals", drafted: Sequence[Tuple[Proposal, float]], limits: Limits) -> Plan:
         """What to verify, from what ``asked``'s sources proposed and what its expensive sources
         drafted (each drafting's proposal and the seconds it is charged, see rounds.py).
         ``limits``: the step's, now that the lanes planned before took their rows."""
@@ -186,10 +188,11 @@ class Speculator:
         if asked.choice is not None and not asked.drafting and limits == asked.limits:
             choice = asked.choice  # nothing drafted: the choice among the cheap candidates stands
         else:
-            choice = self.planner.choose(candidates, rates, asked.rider, limits, sunk)
+            choice = self.planner.choose(candidates, rates, asked.window, limits, sunk)
         trie = Trie.build(asked.tokens[-1], candidates, choice.lengths)
-        return Plan(trie, tuple(candidates), choice.lengths, asked.rider if choice.ride else None, choice,
-                    sum(seconds for _, seconds in drafted), asked.idle, asked.asked)
+        return Plan(trie=trie, candidates=tuple(candidates), lengths=choice.lengths,
+                    window=asked.window if choice.ride else None, choice=choice,
+                    t_draft=sum(seconds for _, seconds in drafted), idle=asked.idle, asked=asked.asked)
 
     def learn(self, outcome: Outcome) -> None:
         self.model.learn(outcome)
@@ -205,10 +208,10 @@ class Speculator:
         return [ctx for source in self.sources for ctx in source.contexts()]
 
 
-def _led(lead: Sequence[int], cand: Candidate) -> Candidate:
+def _after_forced(lead: Sequence[int], cand: Candidate) -> Candidate:
     """``cand``, proposed after the ``lead`` the grammar forces, with the lead before it."""
     q = None if cand.q is None else tuple(map(Distribution.point, lead)) + cand.q
-    return Candidate(tuple(lead) + cand.tokens, cand.source, (LEAD,) * len(lead) + cand.evidence, q)
+    return Candidate(tuple(lead) + cand.tokens, cand.source, (FORCED,) * len(lead) + cand.evidence, q)
 
 
 def _until_end(cand: Candidate, ends: FrozenSet[int]) -> Candidate:

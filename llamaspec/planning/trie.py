@@ -89,6 +89,14 @@ class Trie:
         """The sources that proposed ``node``, each once."""
         return tuple(dict.fromkeys(candidates[c].source for c, _ in self.support[node]))
 
+    def drafted(self, candidates: Sequence[Candidate]) -> Dict[str, int]:
+        """Each source's candidate tokens in the trie (a token two sources proposed counts for both)."""
+        out: Dict[str, int] = {}
+        for v in range(1, len(self.token)):
+            for name in self.sources(v, candidates):
+                out[name] = out.get(name, 0) + 1
+        return out
+
     def layout(self) -> "Layout":
         """Sequences for the leaves (depth first, the first leaf on sequence 0) and one batch row
         per node."""

@@ -1,7 +1,7 @@
 """Draft sources: each proposes candidate tokens that may follow the text; none touches the target.
 
     base.py         the interface every source implements and what flows through a step
-                    (Source, Candidate, Proposal, Budget, Outcome, Rider)
+                    (Source, Candidate, Proposal, Budget, Outcome, Window)
     registry.py     a source as a plugin, declared in full in its own module; which run
     rounds.py       an expensive source's drafting, every lane's in one decode a round
     lookup.py       copies of the prompt, the text so far and references (prompt lookup)

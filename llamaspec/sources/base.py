@@ -28,19 +28,19 @@ if TYPE_CHECKING:
 
 # What a source saw behind one candidate token: the acceptance model keys its estimates on it.
 Evidence = Hashable
-# A batch row of a rider: (token, position offset from the pending token, local sequence ids, logits?).
-RiderRow = Tuple[int, int, Tuple[int, ...], bool]
+# A batch row of a window: (token, position offset from the pending token, local sequence ids, logits?).
+WindowRow = Tuple[int, int, Tuple[int, ...], bool]
 
 
 @dataclass(frozen=True)
-class Lead:
+class ForcedLead:
     """Evidence of a token the text's grammar forces at its position: a candidate that goes on
     past the grammar's forced tokens begins with them (see ``Source.past_forced``)."""
 
 
-LEAD = Lead()
+FORCED = ForcedLead()
 # The prior of a forced token, whatever source's candidate it leads (the grammar's own are accepted as often).
-LEAD_PRIOR = 0.9
+FORCED_PRIOR = 0.9
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,17 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Rider:
+class Window:
     """Rows that ride along in the verify batch without being verified: lookahead's Jacobi
     window. Sequence ids are local (0 .. n_seqs - 1; the engine maps them to free sequences,
     every one sharing the accepted text); offsets count from the pending token's position.
     ``value`` is the expected number of future accepted tokens one ride earns."""
 
-    rows: Tuple[RiderRow, ...]
+    rows: Tuple[WindowRow, ...]
     n_seqs: int
     value: float
 
-    def after(self, n_seqs: int) -> List[RiderRow]:
+    def after(self, n_seqs: int) -> List[WindowRow]:
         """The rows with their sequence ids moved past the first ``n_seqs`` (a trie's)."""
         return [(t, offset, tuple(n_seqs + s for s in seqs), logits) for t, offset, seqs, logits in self.rows]
 
@@ -85,7 +85,7 @@ class Proposal:
     decodes proposing took (a draft model's), for the cost model."""
 
     candidates: Tuple[Candidate, ...] = ()
-    rider: Optional[Rider] = None
+    window: Optional[Window] = None
     decodes: Tuple[Tuple[int, float], ...] = ()
 
 
@@ -105,7 +105,7 @@ class Budget:
     rates: Mapping[Evidence, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What one verified step showed; every source, the acceptance model and the planner learn
     from it.
@@ -115,8 +115,8 @@ class Outcome:
     the target's own choice at its position (greedy: its argmax; sampling: exactly a sample of
     its p), so they show which candidate tokens the target would have accepted, verified or
     not. ``verified[c]`` is how many tokens of ``candidates[c]`` were in the batch,
-    ``path_sources`` the sources behind each accepted token, ``rider_tokens`` the target's
-    greedy token at each rider row with logits (None when no rider rode), ``cost`` what the
+    ``path_sources`` the sources behind each accepted token, ``window_tokens`` the target's
+    greedy token at each window row with logits (None when no window rode), ``cost`` what the
     step cost as planned, in single-token decodes, ``estimated`` the candidate tokens the
     acceptance model expected accepted among those verified, ``seconds`` the wall time asking
     the sources and planning took (a draft model's drafting aside; 0: not measured).
@@ -127,7 +127,7 @@ class Outcome:
     verified: Tuple[int, ...]
     emitted: Tuple[int, ...]
     path_sources: Tuple[Tuple[str, ...], ...] = ()
-    rider_tokens: Optional[Tuple[int, ...]] = None
+    window_tokens: Optional[Tuple[int, ...]] = None
     cost: float = 0.0
     estimated: float = 0.0
     seconds: float = 0.0
@@ -166,7 +166,7 @@ class Source:
     ``drafting``, which the engine runs for every lane at once. ``past_forced``: it
     reads nothing but the tokens it is given, so where the text's grammar forces the next tokens
     the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
-    before its candidates (evidence ``LEAD``, which its plugin gives a prior).
+    before its candidates (evidence ``FORCED``, which its plugin gives a prior).
     """
 
     name: str = ""

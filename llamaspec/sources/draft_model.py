@@ -20,11 +20,11 @@ never on the token drawn from it, so choosing tokens by it keeps speculative sam
 
 Under a grammar (a request's JSON schema), the draft follows its own copy of the text's grammar
 state: q is the draft's distribution over the tokens the grammar allows, and where the grammar
-forces the next tokens the draft takes them (evidence ``LEAD``, a point mass for q) and reads
+forces the next tokens the draft takes them (evidence ``FORCED``, a point mass for q) and reads
 them in the decode it makes anyway, then drafts on after them::
 
     text so far (pending token last)   {"name": "Ada", "
-    the grammar forces                 age                taken: evidence LEAD
+    the grammar forces                 age                taken: evidence FORCED
     the draft drafts                      ": 36,          q over what the grammar allows
     draft decodes                      [catch-up, pending, age] [":] [ ] [3] [6]
 """
@@ -32,22 +32,19 @@ them in the decode it makes anyway, then drafts on after them::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..llama.binding import Context, KVSequence
 from ..llama.vocab import check_compatible
 from . import rounds
-from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
+from .base import FORCED, FORCED_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
 from .registry import Option, Plugin, Resources
 from ..config import SamplingConfig, check
 from ..constraints import Constraint
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
-
-if TYPE_CHECKING:
-    from ..planning.costs import CostCurve
 
 
 NAME = "draft"
@@ -121,9 +118,9 @@ class DraftModelSource(Source):
             forced = grammar.forced()[:max_len - len(drafted)] if grammar is not None else []
             for x in forced:
                 grammar.advance(x)
-                path *= budget.rates.get(LEAD, LEAD_PRIOR)
+                path *= budget.rates.get(FORCED, FORCED_PRIOR)
             drafted += forced
-            keys += [LEAD] * len(forced)
+            keys += [FORCED] * len(forced)
             qs += [Distribution.point(x) for x in forced]
             if len(drafted) == max_len:
                 break
@@ -193,9 +190,9 @@ class DraftSequences:
 class DraftModel:
     """What the draft source loads: the draft model's context (lane i drafting on its sequence
     i: ``sequences``) and what a decode on it costs (``curve``, in the target's single-token
-    decodes)."""
+    decodes: a planning.costs.CostCurve)."""
 
-    def __init__(self, ctx: Context, curve: Optional["CostCurve"]) -> None:
+    def __init__(self, ctx: Context, curve: Any) -> None:
         self.ctx, self.curve = ctx, curve
         self.sequences = DraftSequences(ctx)
 
@@ -232,4 +229,4 @@ PLUGIN = Plugin(
                     "this (llama.cpp: 0.75; 0 leaves it to the planner).", flag="--draft-p-min")),
     given=lambda config, draft: draft is not None, load=_load, loads="a draft model (-md)",
     build=lambda setup, text: DraftModelSource(setup.loaded.sequences, text.lane, setup.config, text.constraint),
-    priors={**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, LEAD: LEAD_PRIOR}, overall=0.6)
+    priors={**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, FORCED: FORCED_PRIOR}, overall=0.6)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import LEAD_PRIOR, Budget, Candidate, Proposal, Source
+from .base import FORCED_PRIOR, Budget, Candidate, Proposal, Source
 from ..config import SamplingConfig
 from ..constraints import Constraint
 from .registry import Need, Plugin
@@ -61,5 +61,5 @@ class GrammarSource(Source):
 PLUGIN = Plugin(
     name=NAME, describe="what a request's grammar forces next",
     build=lambda setup, text: GrammarSource(text.constraint),
-    priors={**{Forced(i): LEAD_PRIOR for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
+    priors={**{Forced(i): FORCED_PRIOR for i in range(MAX_INDEX + 1)}, Spelled(): 0.5},
     overall=0.8, needs=frozenset({Need.GRAMMAR}))

@@ -45,8 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..llama.binding import max_sequences
-from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Rider, RiderRow, Source, length_bucket
-from .registry import Option, Plugin, Room
+from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Window, WindowRow, Source, length_bucket
+from .registry import Option, Plugin, Scratch
 from ..config import SamplingConfig, check
 from ..errors import ConfigError
 from ..sequences import appended, common_prefix
@@ -141,7 +141,7 @@ def _suffix_match(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class Window:
+class JacobiWindow:
     """The Jacobi guesses: ``levels[j, i]`` guesses the token at n_past + i + j (level 0,
     column 0 is the pending token itself)."""
 
@@ -151,10 +151,10 @@ class Window:
         pool = np.asarray(seed_tokens if len(seed_tokens) else [0], dtype=np.int64)
         self.levels = rng.choice(pool, size=(n - 1, w))
 
-    def rows(self) -> List[RiderRow]:
+    def rows(self) -> List[WindowRow]:
         """The window's batch rows, column i on local sequence i; logits on the last level."""
         w, last = self.w, self.n - 2
-        rows: List[RiderRow] = [(int(self.levels[0, i]), i, tuple(range(i, w)), last == 0) for i in range(1, w)]
+        rows: List[WindowRow] = [(int(self.levels[0, i]), i, tuple(range(i, w)), last == 0) for i in range(1, w)]
         for j in range(1, self.n - 1):
             rows += [(int(self.levels[j, i]), i + j, (i,), j == last) for i in range(w)]
         return rows
@@ -178,7 +178,7 @@ class Window:
 
 class LookaheadSource(Source):
     """Lookahead decoding as a draft source: pool n-grams that start with the pending token are
-    candidates, and the Jacobi window is a rider (it rides when the planner finds it pays).
+    candidates, and the Jacobi window is a window (it rides when the planner finds it pays).
 
     Evidence: token i of an n-gram whose preceding tokens match the text on m tokens is
     ``Pooled(length_bucket(1 + m + i), window)`` (the n-gram's first token matches too), with
@@ -193,7 +193,7 @@ class LookaheadSource(Source):
         self.pool = NgramPool(config.n)
         for ref in references:
             self.pool.add_text(ref)
-        self.window: Optional[Window] = None
+        self.window: Optional[JacobiWindow] = None
         self._seen: List[int] = []  # the text whose n-grams the pool holds
         # decayed (tokens accepted from window n-grams, window rides): what a ride is worth
         self._credit, self._rides = 0.0, 0.0
@@ -206,16 +206,16 @@ class LookaheadSource(Source):
                 rng: np.random.Generator) -> Proposal:
         self._follow(tokens)
         if self.window is None and self.config.w > 0:
-            self.window = Window(self.config.w, self.config.n, tokens)
+            self.window = JacobiWindow(self.config.w, self.config.n, tokens)
         k = min(self.config.n - 1, budget.max_len)
         found = self.pool.candidates(tokens[-1 - NgramPool.CONTEXT:-1], tokens[-1], self.config.g) if k > 0 else []
         cands = tuple(Candidate(tuple(cont[:k]), self.name,
                                 tuple(Pooled(length_bucket(1 + match + i), window) for i in range(k)))
                       for cont, match, window in found)
-        rider = None
+        window = None
         if self.window is not None:
-            rider = Rider(tuple(self.window.rows()), self.config.w, self.window_value())
-        return Proposal(cands, rider)
+            window = Window(tuple(self.window.rows()), self.config.w, self.window_value())
+        return Proposal(cands, window)
 
     def learn(self, outcome: Outcome) -> None:
         emitted = outcome.emitted
@@ -231,9 +231,9 @@ class LookaheadSource(Source):
         self._credit *= WINDOW_DECAY
         self._rides *= WINDOW_DECAY
         self._credit += best
-        if outcome.rider_tokens is not None and self.window is not None:
+        if outcome.window_tokens is not None and self.window is not None:
             self._rides += 1
-            guesses = list(outcome.rider_tokens)
+            guesses = list(outcome.window_tokens)
             if self.config.n == 2:  # the last level is level 0: column 0's guess is the pending token's successor
                 guesses = [emitted[0], *guesses]
             text = outcome.tokens
@@ -300,7 +300,7 @@ PLUGIN = Plugin(
     room=lambda config, n_ctx, n_batch, leaves, whole: _room(config, n_ctx, n_batch, leaves, whole))
 
 
-def _room(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Room:
+def _room(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Scratch:
     """A branch per candidate (at least ``leaves``) and a sequence per window column, once they fit."""
     check_fits(config, n_ctx, n_batch, leaves, whole)
-    return Room(max(config.g, leaves), config.w)
+    return Scratch(max(config.g, leaves), config.w)

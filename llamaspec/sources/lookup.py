@@ -34,7 +34,7 @@ from typing import Callable, DefaultDict, Dict, List, Optional, Sequence, Tuple,
 
 import numpy as np
 
-from .base import LEAD, LEAD_PRIOR, LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
+from .base import FORCED, FORCED_PRIOR, LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
 from .registry import Option, Plugin
 from ..config import SamplingConfig, check
 from ..sequences import common_prefix
@@ -489,7 +489,7 @@ def _priors() -> Dict[Evidence, float]:
             priors[Matched(support, length)] = p
             alone = support == 1 and length >= OWN_MATCH and length in _MATCH[support]
             priors[Matched(support, length, own=True)] = OWN_FACTOR * p if alone else OTHER
-    priors[LEAD] = LEAD_PRIOR
+    priors[FORCED] = FORCED_PRIOR
     return priors
 
 

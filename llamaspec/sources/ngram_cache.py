@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .base import LEAD, LEAD_PRIOR, Budget, Candidate, Proposal, Source
+from .base import FORCED, FORCED_PRIOR, Budget, Candidate, Proposal, Source
 from .lookup import OPTIONS as LOOKUP_OPTIONS, LookupConfig
 from .registry import Option, Plugin, Resources
 from ..config import SamplingConfig
@@ -167,4 +167,4 @@ PLUGIN = Plugin(
     given=lambda config, draft: bool(config.static or config.dynamic), load=_load,
     loads="an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)",
     build=lambda setup, text: CacheSource(setup.loaded.session(), setup.config.draft_max),
-    priors={0: 0.25, 1: 0.3, 2: 0.35, LEAD: LEAD_PRIOR}, overall=0.3, joins="lookup")
+    priors={0: 0.25, 1: 0.3, 2: 0.35, FORCED: FORCED_PRIOR}, overall=0.3, joins="lookup")

@@ -42,7 +42,6 @@ from .base import Evidence, Source
 if TYPE_CHECKING:
     from ..constraints import Constraint
     from ..llama.binding import Context, Model
-    from ..planning.costs import CostCurve
 
 
 class Need(Enum):
@@ -109,12 +108,13 @@ class Resources(Protocol):
     def context(self, model: "Model", config: ModelConfig, n_seq: int) -> "Context":
         """A context on ``model`` with ``config``'s size and threads, of ``n_seq`` sequences."""
 
-    def curve(self, ctx: "Context") -> "CostCurve":
-        """What a decode on ``ctx`` costs, in the target's single-token decodes (measured once)."""
+    def curve(self, ctx: "Context") -> Any:
+        """What a decode on ``ctx`` costs, in the target's single-token decodes (a
+        planning.costs.CostCurve, measured once)."""
 
 
 @dataclass(frozen=True)
-class Room:
+class Scratch:
     """KV-cache sequences a step may use beside the text's own: ``branches`` for the trie's
     leaves, ``own`` for what a source decodes beside them (lookahead's window columns)."""
 
@@ -175,7 +175,7 @@ class Plugin:
     shadowed_by: Optional[str] = None
     joins: Optional[str] = None
     reads_references: bool = False
-    room: Optional[Callable[[Any, int, int, int, bool], Room]] = None
+    room: Optional[Callable[[Any, int, int, int, bool], Scratch]] = None
     alone_flag: bool = False
     fixed_flag: bool = False
 
@@ -216,7 +216,7 @@ class Registry:
                 raise ConfigError(f"a draft source cannot be named {name!r}")
         self.options()  # shared options agree
 
-    def with_(self, *plugins: Plugin) -> "Registry":
+    def extended(self, *plugins: Plugin) -> "Registry":
         """This registry and ``plugins`` after its own."""
         return Registry(self.plugins + tuple(plugins))
 
@@ -290,13 +290,13 @@ class Registry:
                 if p.name in names and p.needs <= met]
 
     def room(self, names: FrozenSet[str], configs: Mapping[str, Any], n_ctx: int, n_batch: int, leaves: int,
-             fixed: FrozenSet[str]) -> Room:
+             fixed: FrozenSet[str]) -> Scratch:
         """The sequences the sources of ``names`` need beside the text (at least ``leaves`` branches)."""
-        room = Room(leaves)
+        room = Scratch(leaves)
         for p in self.plugins:
             if p.name in names and p.room is not None:
                 need = p.room(configs[p.name], n_ctx, n_batch, leaves, p.name in fixed)
-                room = Room(max(room.branches, need.branches), room.own + need.own)
+                room = Scratch(max(room.branches, need.branches), room.own + need.own)
         return room
 
     def on_draft_model(self) -> List[str]:
@@ -367,4 +367,4 @@ def installed(base: Registry, extra: Sequence[Any] = ()) -> Registry:
     (plugins, modules, module names or files)."""
     from importlib.metadata import entry_points
     found = [plugin_of(ep.load()) for ep in entry_points(group=ENTRY_POINTS)]
-    return base.with_(*[p for p in found if p.name not in base.names], *[plugin_of(e) for e in extra])
+    return base.extended(*[p for p in found if p.name not in base.names], *[plugin_of(e) for e in extra])

@@ -1,0 +1,114 @@
+"""`--spec none` is llama.cpp's own greedy decoding, byte for byte: the same text as
+llama-completion and llama-simple for the same raw prompt.
+
+The programs are built from the llama.cpp sources vendored in the installed llama-cpp-python
+by scripts/build_llama_cpp.sh, which this module runs first when they are missing (about five
+minutes on 2 cores, once: the build is kept in ~/.cache/llamaspec).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from llamaspec.engine.generation import make_config
+from llamaspec.llama.binding import weight_repacking
+from llamaspec.sampling import shape
+from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
+
+from conftest import PROMPTS, QWEN, ROOT, THREADS, chatml
+from checks import NEAR_TIE
+
+
+N = 160
+RAW = [PROMPTS[0], chatml("Explain in detail how a hash table handles collisions."), "def fibonacci(n):"]
+
+
+SCRIPT = ROOT / "scripts" / "build_llama_cpp.sh"
+NEEDED = ("llama-completion", "llama-simple")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def programs():
+    if all(find_program(name, default_bin_dir()) for name in NEEDED):
+        return
+    print(f"building {' and '.join(NEEDED)} from llama-cpp-python's llama.cpp sources (once, ~5 minutes)")
+    done = subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "TARGETS": " ".join(NEEDED),
+                                                       "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def program(name):
+    path = find_program(name, default_bin_dir())
+    assert path is not None, f"{name} is missing after `bash scripts/build_llama_cpp.sh`"
+    return str(path)
+
+
+def run(cmd):
+    done = subprocess.run(cmd, capture_output=True, timeout=900)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    return done.stdout.decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("i", range(len(RAW)))
+def test_plain_is_llama_completion(qwen_plain, plain_greedy, model_file, tmp_path, i):
+    prompt = RAW[i]
+    ours = plain_greedy(qwen_plain, prompt, N)  # from a fresh cache, as the program evaluates it
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(prompt + "\n")  # llama.cpp drops one trailing newline of -f
+    out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
+               "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
+              + ([] if weight_repacking() else ["--no-repack"]))
+    theirs = generated_text(out, prompt, "plain")
+    assert theirs == ours.text, (theirs, ours.text)
+
+
+@pytest.mark.parametrize("i", range(len(RAW)))
+def test_plain_is_llama_simple(qwen_plain, plain_greedy, model_file, i):
+    assert weight_repacking(), "llama-simple repacks weights: build llama-cpp-python as the README says (no AMX)"
+    prompt = RAW[i]
+    ours = plain_greedy(qwen_plain, prompt, N)
+    out = run([program("llama-simple"), "-m", str(model_file(QWEN)), "-n", str(N), prompt])
+    echo = qwen_plain.detokenize(qwen_plain.tokenize(prompt))  # it prints the prompt's tokens first
+    assert out.startswith(echo) and out.endswith("\n")
+    assert out[len(echo):-1] == ours.text
+
+
+# Penalties, biases and typical-p as llama.cpp's flags and as llamaspec's options: the copy-heavy
+# edit (where lookup's candidates are the prompt's text, which the penalties now discourage) and
+# a chat answer. Greedy after typical-p: the best token it keeps.
+PENALTIES = ["--repeat-penalty", "1.3", "--repeat-last-n", "64", "--presence-penalty", "0.3",
+             "--frequency-penalty", "0.2", "-l", "11-inf", "--typical", "0.9"]  # 11: "," in Qwen's vocabulary
+SHAPING = dict(repeat_penalty=1.3, penalty_last_n=64, presence_penalty=0.3, frequency_penalty=0.2,
+               logit_bias={"11": float("-inf")}, typical_p=0.9)
+
+
+@pytest.mark.parametrize("prompt, copies", [(PROMPTS[2], True), (RAW[1], False)], ids=["edit", "chat"])
+def test_penalties_and_biases_are_llama_completion_s(qwen_plain, qwen_auto, model_file, reference, tmp_path, prompt,
+                                                     copies):
+    """Plain decoding with the penalties is llama-completion's text with the same flags, byte for
+    byte; every source (auto) gives the same tokens, or leaves them only at a near-tie of the
+    penalized row (on the edit, with drafts accepted)."""
+    qwen_plain.reset()
+    plain = qwen_plain.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(prompt + "\n")
+    out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
+               "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
+              + PENALTIES + ([] if weight_repacking() else ["--no-repack"]))
+    assert generated_text(out, prompt, "plain") == plain.text
+    assert 11 not in plain.tokens and plain.text != qwen_plain.generate(prompt, max_tokens=N, temperature=0).text
+    auto = qwen_auto.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    assert auto.stats.n_accept > 0 or not copies
+    if auto.tokens != plain.tokens:
+        k = next(i for i, (x, y) in enumerate(zip(auto.tokens + [-1], plain.tokens + [-1])) if x != y)
+        tokens = qwen_plain.tokenize(prompt)
+        text = tokens + plain.tokens[:k]
+        row = shape(reference(QWEN).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
+        top = np.sort(row)[-2:]
+        assert top[1] - top[0] < NEAR_TIE, f"token {k} differs (gap {top[1] - top[0]:.3f})"
