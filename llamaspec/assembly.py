@@ -5,8 +5,9 @@ the public methods; this module the assembly, in the order it happens::
     settings (by keyword) -> each source's config        Registry.configs
     --spec, what each source has to load -> the names     Registry.resolve
     each source's checks (files read)                     before any model loads
-    the target model, its context and cost curve          through the model pool
+    the target model and its context                      through the model pool
     each source's load (cache files, a draft model)       through Resources, freed with it
+    the target's cost curve (measured once per machine)   after the loads' checks
     each source's Setup -> fresh sources per generation   Registry.build
     engine + scheduler (one text, or a batch of several)  Assembly.scheduler / Assembly.batcher
 """
@@ -43,10 +44,11 @@ class Resources:
     """What a source's plugin loads with (sources.registry.Resources): models through the pool,
     contexts and cost curves; what is loaded here is freed with the assembly."""
 
-    def __init__(self, pool: ModelPool, target: Model, draft: Optional[ModelConfig], curve: CostCurve,
-                 costs_file: Path, cache_dir: Optional[Path], progress: bool) -> None:
+    def __init__(self, pool: ModelPool, target: Model, draft: Optional[ModelConfig],
+                 target_curve: Callable[[], CostCurve], costs_file: Path, cache_dir: Optional[Path],
+                 progress: bool) -> None:
         self.target, self.draft, self.lanes = target, draft, MAX_SAMPLES
-        self._pool, self._curve, self._costs_file = pool, curve, costs_file
+        self._pool, self._target_curve, self._costs_file = pool, target_curve, costs_file
         self._cache_dir, self._progress = cache_dir, progress
         self.models: List[Model] = []
         self.contexts: List[Context] = []
@@ -64,7 +66,7 @@ class Resources:
         return ctx
 
     def curve(self, ctx: Context) -> CostCurve:
-        return load_or_measure_draft(ctx, self._curve, self.target, self._costs_file, self._progress)
+        return load_or_measure_draft(ctx, self._target_curve(), self.target, self._costs_file, self._progress)
 
 
 class Assembly:
@@ -107,11 +109,17 @@ class Assembly:
             self.ctx = self.model.context(target.n_ctx, target.threads, target.n_batch,
                                           1 + self.scratch + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
-            curve = load_or_measure(self.ctx, costs_file, progress) if names else CostCurve.flat()
-            self._resources = Resources(self._pool, self.model, draft, curve, costs_file, cache_dir, progress)
+            ctx, measured = self.ctx, []
+
+            def target_curve() -> CostCurve:  # measured once, when first needed: after a draft's checks
+                if not measured:
+                    measured.append(load_or_measure(ctx, costs_file, progress) if names else CostCurve.flat())
+                return measured[0]
+            self._resources = Resources(self._pool, self.model, draft, target_curve, costs_file, cache_dir, progress)
             for p in plugins:
                 if p.loads_from(configs[p.name], draft):
                     self.loaded[p.name] = p.load(configs[p.name], self._resources, checked.get(p.name))
+            curve = target_curve()
             curves = {n: loaded.curve for n, loaded in self.loaded.items() if getattr(loaded, "curve", None)}
             self.costs = CostModel(curve, curves or None)
             self.setups = {n: Setup(configs[n], self.loaded.get(n), self.model.piece) for n in names}

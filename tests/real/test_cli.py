@@ -90,9 +90,11 @@ def test_bad_input_is_one_line(bad_files, smol, args, fragment):
     assert_one_line_error(run("generate", *args), fragment)
 
 
-def test_vocab_mismatch_is_one_line(model_file, smol):
-    result = run("generate", "-m", str(model_file(QWEN)), "-md", smol, "-p", "hi")
+def test_vocab_mismatch_is_one_line(model_file, smol, tmp_path):
+    """Refused before anything is measured: an empty cache holds no cost curve (nor a progress bar)."""
+    result = run("generate", "-m", str(model_file(QWEN)), "-md", smol, "-p", "hi", "--cache-dir", str(tmp_path))
     assert_one_line_error(result, "first differing token")
+    assert not (tmp_path / "costs.json").exists()
 
 
 def test_models_commands(smol):
