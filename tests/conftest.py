@@ -65,7 +65,8 @@ PROMPTS = [
 @pytest.fixture(scope="session")
 def model_file():
     def get(name: str) -> Path:
-        return llamaspec.fetch(name, progress=False)
+        """A registry model's cached file (fetched once), or a file made by a test (a quantization)."""
+        return Path(name) if Path(name).is_file() else llamaspec.fetch(name, progress=False)
     return get
 
 

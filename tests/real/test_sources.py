@@ -31,13 +31,18 @@ def offers(tmp_path_factory):
                                         "draft_max": 4}}
 
 
-@pytest.fixture(scope="module")
-def plain(module_spec):
-    return module_spec(SMOL, spec="none")
+@pytest.fixture
+def plain(make_spec):
+    """A fresh plain engine per source: one that kept an earlier prompt's cache would read this
+    prompt's shared prefix from decodes of another shape, and leave the text at a near tie (which
+    the greedy check cannot tell from a grammar's choice)."""
+    return make_spec(SMOL, spec="none")
 
 
 def spec_of(module_spec, offers, name):
-    return module_spec(SMOL, SMOL if offers["draft"] else None, spec=name, fixed=(name,), references=[PROMPT],
+    """``name`` alone; the reference document to the sources that read one (the others refuse it)."""
+    references = [PROMPT] if REGISTRY[name].reads_references else []
+    return module_spec(SMOL, SMOL if offers["draft"] else None, spec=name, fixed=(name,), references=references,
                        **offers["settings"])
 
 
