@@ -285,6 +285,14 @@ def check_fits(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, w
 # `auto` slower than lookup alone in replays.)
 _POOL = {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85}
 OTHER = 0.1
+
+
+def scratch(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Scratch:
+    """A branch per candidate (at least ``leaves``) and a sequence per window column, once they fit."""
+    check_fits(config, n_ctx, n_batch, leaves, whole)
+    return Scratch(max(config.g, leaves), config.w)
+
+
 PLUGIN = Plugin(
     name="lookahead", describe="lookahead alone: Jacobi window and n-gram pool",
     config=LookaheadConfig(), options=(
@@ -296,11 +304,4 @@ PLUGIN = Plugin(
     build=lambda setup, text: LookaheadSource(setup.config, text.references),
     priors={Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
             for length in LENGTH_BUCKETS for window in (False, True)},
-    overall=OTHER, shadowed_by="lookup", reads_references=True, alone_flag=True, fixed_flag=True,
-    room=lambda config, n_ctx, n_batch, leaves, whole: _room(config, n_ctx, n_batch, leaves, whole))
-
-
-def _room(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Scratch:
-    """A branch per candidate (at least ``leaves``) and a sequence per window column, once they fit."""
-    check_fits(config, n_ctx, n_batch, leaves, whole)
-    return Scratch(max(config.g, leaves), config.w)
+    overall=OTHER, shadowed_by="lookup", reads_references=True, alone_flag=True, fixed_flag=True, room=scratch)
