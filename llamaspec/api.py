@@ -12,7 +12,7 @@ from .llama.pool import ModelPool
 from .llama.chat import ChatTemplate, Message, fit
 from .llama import infill
 from .openai import completions
-from .llama import models
+from .llama import hub, models
 from .sources import installed_registry
 from .sources.registry import Registry
 from .config import ModelConfig, SpecConfig, prompt_bytes
@@ -247,8 +247,11 @@ class LlamaSpec:
 
     @property
     def model_name(self) -> str:
-        """The target's name: its models.txt name when it was loaded by name, else its file name."""
+        """The target's name: its models.txt name or hub name (OWNER/REPO:QUANT) when it was loaded
+        so, else its file name."""
         given = str(self.target_config.path)
+        if hub.is_hub(given):
+            return given[len(hub.PREFIX):]
         return given if given in models.load_registry() else Path(given).name
 
     def reset(self) -> None:
@@ -300,13 +303,17 @@ def _utf8(text: str, what: str) -> str:
     return text
 
 
-def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", references: Sequence[str] = (),
+def load(model: Optional[str] = None, draft: Optional[str] = None, *, hf: Optional[str] = None,
+         hf_draft: Optional[str] = None, hf_file: Optional[str] = None, hf_file_draft: Optional[str] = None,
+         spec: str = "auto", references: Sequence[str] = (),
          sources: Sequence[Any] = (), n_ctx: int = ModelConfig.n_ctx, n_threads: Optional[int] = None,
          n_gpu_layers: int = ModelConfig.n_gpu_layers, n_gpu_layers_draft: int = ModelConfig.n_gpu_layers,
          cache_dir: Optional[Path] = None, progress: bool = True, rpc: Sequence[str] = (), rpc_draft: bool = False,
          tensor_split: Sequence[float] = (), rpc_timeout: float = ModelConfig.rpc_timeout,
          **settings: Any) -> LlamaSpec:
-    """Load a target model (a GGUF path or a models.txt name) and optionally a draft model.
+    """Load a target model (a GGUF path, a models.txt name, or a Hugging Face hub model:
+    ``hf="OWNER/REPO[:QUANT]"``, with ``hf_file`` to name the file) and optionally a draft model
+    (``draft``, or ``hf_draft`` and ``hf_file_draft``), as llama.cpp's -m, -hf, -hff and -hfd take them.
 
     ``spec``: "auto" (every source the models allow), "none" (plain decoding) or a list such as
     "lookup,lookahead,draft". ``references``: texts lookup and lookahead copy from. ``sources``:
@@ -321,6 +328,8 @@ def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", referen
     the draft model stays here unless ``rpc_draft``. A decode on them that takes longer than
     ``rpc_timeout`` seconds ends the generation with RemoteError.
     """
+    model = chosen_model(model, hf, hf_file, ("model", "hf", "hf_file"))
+    draft = chosen_model(draft, hf_draft, hf_file_draft, ("draft", "hf_draft", "hf_file_draft"), required=False)
     registry = installed_registry(sources)
     spec_cfg = alone(registry, SpecConfig.parse(spec), [name for name, on in settings.items() if on is True],
                      draft is not None, "spec")
@@ -330,6 +339,22 @@ def load(model: str, draft: Optional[str] = None, *, spec: str = "auto", referen
                             **(placed if rpc_draft else {})) if draft else None
     return LlamaSpec(target, draft_cfg, settings={k: v for k, v in settings.items() if v is not False},
                      cache_dir=cache_dir, progress=progress, references=references, spec=spec_cfg, registry=registry)
+
+
+def chosen_model(model: Optional[str], hf: Optional[str], hf_file: Optional[str], names: Tuple[str, str, str],
+                 required: bool = True) -> Optional[str]:
+    """The model argument: ``model``, or the hub model ``hf`` names (with ``hf_file``); ConfigError
+    for both, or for none where one is ``required`` (``names``: the three as the caller calls them,
+    ``model``, ``hf``, ``hf_file`` or ``-m``, ``-hf``, ``--hf-file``)."""
+    if hf_file and not hf:
+        raise ConfigError(f"{names[2]} names a file of the repository {names[1]} gives: give {names[1]} too")
+    if model is not None and hf is not None:
+        raise ConfigError(f"give {names[0]} or {names[1]}, not both")
+    if hf is not None:
+        return hub.hub_spec(hf, hf_file)
+    if model is None and required:
+        raise ConfigError(f"give {names[0]} (a GGUF file or a models.txt name) or {names[1]} (a hub model)")
+    return model
 
 
 def alone(registry: Registry, spec: SpecConfig, names: Sequence[str], draft: bool, given: str) -> SpecConfig:

@@ -23,7 +23,7 @@ fi
 tree="$src/llama_cpp_python-$version/vendor/llama.cpp"
 [ -d "$tree" ] || tar xzf "$sdist" -C "$src"
 flags="$(sh "$(dirname "$0")/cmake_args.sh" | sed 's/-DLLAVA_BUILD=OFF//')"  # llava: llama-cpp-python's flag
-targets="${TARGETS:-llama-simple llama-speculative-simple llama-lookup llama-lookup-create llama-lookup-stats llama-lookahead llama-completion llama-bench ggml-rpc-server}"
+targets="${TARGETS:-llama-simple llama-speculative-simple llama-lookup llama-lookup-create llama-lookup-stats llama-lookahead llama-completion llama-bench llama-gguf-split ggml-rpc-server}"
 # shellcheck disable=SC2086
 cmake -S "$tree" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF $flags ${CMAKE_ARGS:-} >&2

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from ..api import alone, LlamaSpec
+from ..api import alone, chosen_model, LlamaSpec
 from ..config import (MAX_TEXT_BYTES, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig, check_readable,
                       prompt_bytes)
 from ..constraints import Grammar
@@ -35,6 +35,15 @@ MODEL_OPTIONS = {
     "model": click.option("-m", "--model", help="Target model: GGUF path or models.txt name."),
     "draft": click.option("-md", "--model-draft", "--draft", "draft",
                           help="Draft model: GGUF path or models.txt name."),
+    "hf": click.option("-hf", "-hfr", "--hf-repo", "hf", metavar="REPO[:QUANT]",
+                       help="Target model from the Hugging Face hub, as llama.cpp's -hf (e.g. "
+                            "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M); cached by huggingface_hub."),
+    "hf_file": click.option("-hff", "--hf-file", "hf_file", metavar="FILE",
+                            help="The file of the -hf repository to use, by name (instead of a tag)."),
+    "hf_draft": click.option("-hfd", "-hfrd", "--hf-repo-draft", "hf_draft", metavar="REPO[:QUANT]",
+                             help="Draft model from the Hugging Face hub."),
+    "hf_file_draft": click.option("--hf-file-draft", "hf_file_draft", metavar="FILE",
+                                  help="The file of the -hfd repository to use, by name."),
     "n_ctx": click.option("-c", "--ctx-size", "n_ctx", type=int, default=ModelConfig.n_ctx, show_default=True,
                           help="Context size of each model, in tokens."),
     "n_threads": click.option("-t", "--threads", "n_threads", type=int, default=None,
@@ -198,7 +207,7 @@ def spec_option(o: dict, registry: Registry, draft: bool) -> SpecConfig:
 def load_spec(o: dict, registry: Registry, default_draft: bool) -> LlamaSpec:
     """The LlamaSpec the options ``o`` describe; with no --model, the default pair (its draft
     with ``default_draft``)."""
-    model, draft = o["model"], o["draft"]
+    model, draft = models_of(o)
     if model is None:
         model, pair_draft = models.default_pair()
         if default_draft and draft is None:
@@ -355,9 +364,19 @@ def write_text(path: Path, text: str) -> None:
 
 
 
+def models_of(o: dict) -> Tuple[Optional[str], Optional[str]]:
+    """The target and draft model arguments -m/-hf (--hf-file) and -md/-hfd (--hf-file-draft) give."""
+    try:
+        return (chosen_model(o.get("model"), o.get("hf"), o.get("hf_file"), ("-m", "-hf", "--hf-file"), required=False),
+                chosen_model(o.get("draft"), o.get("hf_draft"), o.get("hf_file_draft"), ("-md", "-hfd", "--hf-file-draft"),
+                             required=False))
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def bench_settings(o: dict, repeat: int, temperature: float = 0.0, seed: Optional[int] = None) -> BenchSettings:
     """The shared options as BenchSettings; with no --model, the default pair."""
-    model, draft = o["model"], o["draft"]
+    model, draft = models_of(o)
     if model is None:
         model, pair_draft = models.default_pair()
         draft = draft or pair_draft

@@ -13,7 +13,7 @@ import click
 from ..assembly import MAX_SAMPLES
 from ..config import ModelConfig, SamplingConfig, SpecConfig, default_threads
 from ..errors import LlamaspecError
-from ..llama import models
+from ..llama import hub, models
 from ..llama.binding import Model, gpus
 from ..llama.ngram_cache import NGRAM_STATIC, NgramCache
 from ..llama.pool import ModelPool
@@ -29,8 +29,8 @@ from ..planning.planner import Planner
 from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
-from .options import (SETTINGS, bench_settings, check_writable, read_text, some_model_options, split_names,
-                      write_text, _placement)
+from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
+                      split_names, write_text, _placement)
 
 @click.group("models")
 def models_group() -> None:
@@ -44,13 +44,16 @@ cache_option = click.option("--cache-dir", type=click.Path(path_type=Path), defa
 @models_group.command("list")
 @cache_option
 def models_list(cache_dir: Optional[Path]) -> None:
-    """Every known model, its size and whether it is fetched."""
+    """Every known model, its size and whether it is fetched; then the GGUF files in the Hugging
+    Face hub's local cache (each usable as -m hf://OWNER/REPO/FILE)."""
     target, draft = models.default_pair()
     for name, entry in models.load_registry().items():
         path = models.model_path(name, cache_dir)
         role = " (default target)" if name == target else " (default draft)" if name == draft else ""
         state = str(path) if path else "not fetched"
         click.echo(f"{name:32} {entry.size / 2**20:8.1f} MiB  {state}{role}")
+    for name, path in hub.cached():
+        click.echo(f"{hub.PREFIX + name:32} {path.stat().st_size / 2**20:8.1f} MiB  {path}")
 
 
 @models_group.command("fetch")
@@ -63,10 +66,18 @@ def models_fetch(names: List[str], cache_dir: Optional[Path]) -> None:
 
 
 @models_group.command("path")
-@click.argument("name")
+@click.argument("name", required=False)
+@some_model_options("hf", "hf_file")
 @cache_option
-def models_path(name: str, cache_dir: Optional[Path]) -> None:
-    """Print the cached path of a fetched model (no download)."""
+def models_path(name: Optional[str], cache_dir: Optional[Path], **o: Any) -> None:
+    """Print the cached path of a fetched model (no download); with -hf REPO[:QUANT] (and
+    --hf-file), the hub model's file, fetched into the hub's cache where it is not there yet."""
+    if o["hf"] is not None or o["hf_file"] is not None:
+        model, _ = models_of({**o, "model": name})
+        click.echo(models.resolve_model(model, cache_dir))
+        return
+    if name is None:
+        raise click.UsageError("give a model's name, or -hf REPO[:QUANT]")
     path = models.model_path(name, cache_dir)
     if path is None:
         raise LlamaspecError(f"{name} is not fetched yet: run `llamaspec models fetch {name}`")
@@ -175,8 +186,13 @@ class _Vocabulary:
 
 # the options of the commands that run strategies: the models, their placement, the tokens to
 # generate and every draft source's settings
-RUN_OPTIONS = ("model", "draft", "n_ctx", "n_threads", "n_gpu_layers", "n_gpu_layers_draft", "max_tokens",
-               *SETTINGS, "rpc", "rpc_draft", "tensor_split", "rpc_timeout")
+MODELS = ("model", "draft", "hf", "hf_file", "hf_draft", "hf_file_draft", "n_ctx", "n_threads", "n_gpu_layers",
+          "n_gpu_layers_draft", "max_tokens")
+PLACEMENT = ("rpc", "rpc_draft", "tensor_split", "rpc_timeout")
+RUN_OPTIONS = (*MODELS, *SETTINGS, *PLACEMENT)
+# compare runs llama.cpp's programs with their own lookup and lookahead settings (measure.compare.matched):
+# only the draft model's are the user's
+COMPARE_OPTIONS = (*MODELS, *(k for k in SETTINGS if k.startswith("draft_")), *PLACEMENT)
 
 
 @click.command("bench")
@@ -227,13 +243,15 @@ def bench_command(temperature: float, strategies: Optional[str], suite_name: str
 
 
 @click.command("profile")
-@some_model_options("model", "n_threads", "n_gpu_layers", "rpc", "tensor_split", "rpc_timeout", "cache_dir")
+@some_model_options("model", "hf", "hf_file", "n_threads", "n_gpu_layers", "rpc", "tensor_split", "rpc_timeout",
+                    "cache_dir")
 @click.option("--repeats", type=int, default=2, show_default=True,
               help="Measurements of each size; the fastest counts.")
-def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers: int, cache_dir: Optional[Path],
-                    repeats: int, **o: Any) -> None:
+def profile_command(n_threads: Optional[int], n_gpu_layers: int, cache_dir: Optional[Path], repeats: int,
+                    **o: Any) -> None:
     """Measure what one decode of n tokens costs, n = 1..32, on this machine (or on the RPC servers
     given), and cache the curve that the planner sizes drafts with."""
+    model, _ = models_of(o)
     config = ModelConfig(model or models.default_pair()[0], n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                          **_placement(o))
     path = models.resolve_model(config.path, cache_dir)
@@ -257,7 +275,7 @@ def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers
 
 
 @click.command("agreement")
-@some_model_options("model", "n_ctx", "n_threads", "n_gpu_layers")
+@some_model_options("model", "hf", "hf_file", "n_ctx", "n_threads", "n_gpu_layers")
 @click.option("-md", "--candidate", "candidates", multiple=True, required=True,
               help="A model to measure against -m (repeatable): a quantization of it, or a draft model.")
 @click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
@@ -268,13 +286,14 @@ def profile_command(model: Optional[str], n_threads: Optional[int], n_gpu_layers
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write the report as JSON.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
               help="Exit non-zero when a candidate's top-1 agreement is below this.")
-def agreement_command(model: Optional[str], candidates: Tuple[str, ...], files: Tuple[Path, ...], n_tokens: int,
+def agreement_command(candidates: Tuple[str, ...], files: Tuple[Path, ...], n_tokens: int,
                       json_file: Optional[Path], min_agreement: Optional[float], **o: Any) -> None:
     """How closely each candidate follows the reference model -m: top-1 agreement (the greedy
     acceptance rate), the expected acceptance of speculative sampling at --temp, KL divergence,
     perplexity, and the speed-up drafting with it would give on this machine. Checks a
     quantization (a damaged one agrees far less) and tells whether a draft model pays."""
     check_writable(json_file)
+    model, _ = models_of(o)
     texts = [read_text(path, "text ") for path in files]
     sampling = SamplingConfig(o["temperature"], o["top_k"], o["top_p"], o["min_p"])
     report = agreement_run(model or models.default_pair()[0], candidates, texts, n_tokens, sampling, o["n_ctx"],
@@ -289,7 +308,7 @@ def agreement_command(model: Optional[str], candidates: Tuple[str, ...], files: 
 
 
 @click.command("compare")
-@some_model_options(*RUN_OPTIONS, "cache_dir")
+@some_model_options(*COMPARE_OPTIONS, "cache_dir")
 @click.option("-p", "--prompt", help="The prompt, raw text (special tokens parsed) as the programs take it.")
 @click.option("-f", "--file", type=click.Path(path_type=Path), help="Read the raw prompt from a file.")
 @click.option("--prompt-name", default="code_edit", show_default=True,

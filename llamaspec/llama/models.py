@@ -29,6 +29,7 @@ from typing import BinaryIO, Dict, Iterator, List, Optional, Tuple, Union
 from tqdm import tqdm
 
 from ..errors import ConfigError, FetchError, ModelError, UnknownModelError
+from . import hub
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 _DEFAULTS = "defaults"  # the registry section naming the default pair
@@ -501,11 +502,14 @@ def resolve_model(
     progress: bool = True,
     registry: Optional[Dict[str, ModelEntry]] = None,
 ) -> Path:
-    """Turn a model argument into a file: an existing path as is, a registry name fetched.
+    """Turn a model argument into a file: an existing path as is, a registry name fetched, a
+    Hugging Face hub model (``hf://OWNER/REPO[:QUANT]``, see hub.py) fetched into the hub's cache.
 
     Raises ModelError for a path that does not exist and UnknownModelError, listing the
     known names, for anything else.
     """
+    if hub.is_hub(spec):
+        return hub.resolve(spec, progress)
     path = Path(spec).expanduser()
     if path.is_file():
         return path
