@@ -20,7 +20,7 @@ from llamaspec.llama.binding import weight_repacking
 from llamaspec.sampling import shape
 from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
 
-from conftest import PROMPTS, QWEN, ROOT, THREADS, chatml
+from conftest import PROMPTS, QWEN, ROOT, SMOL, THREADS, chatml
 from checks import NEAR_TIE
 
 
@@ -55,60 +55,66 @@ def run(cmd):
     return done.stdout.decode("utf-8", errors="replace")
 
 
-@pytest.mark.parametrize("i", range(len(RAW)))
-def test_plain_is_llama_completion(qwen_plain, plain_greedy, model_file, tmp_path, i):
+# the default model on one prompt, SmolLM2 (the same code, ten times faster) on the others
+CASES = pytest.mark.parametrize("name, i", [(QWEN, 0), (SMOL, 1), (SMOL, 2)], ids=["qwen-0", "smol-1", "smol-2"])
+PLAIN = {QWEN: "qwen_plain", SMOL: "smol_plain"}
+
+
+@CASES
+def test_plain_is_llama_completion(request, plain_greedy, model_file, tmp_path, name, i):
     prompt = RAW[i]
-    ours = plain_greedy(qwen_plain, prompt, N)  # from a fresh cache, as the program evaluates it
+    ours = plain_greedy(request.getfixturevalue(PLAIN[name]), prompt, N)  # from a fresh cache, as the program reads it
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(prompt + "\n")  # llama.cpp drops one trailing newline of -f
-    out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
+    out = run([program("llama-completion"), "-m", str(model_file(name)), "-f", str(prompt_file), "-n", str(N),
                "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
               + ([] if weight_repacking() else ["--no-repack"]))
     theirs = generated_text(out, prompt, "plain")
     assert theirs == ours.text, (theirs, ours.text)
 
 
-@pytest.mark.parametrize("i", range(len(RAW)))
-def test_plain_is_llama_simple(qwen_plain, plain_greedy, model_file, i):
+@CASES
+def test_plain_is_llama_simple(request, plain_greedy, model_file, name, i):
     assert weight_repacking(), "llama-simple repacks weights: build llama-cpp-python as the README says (no AMX)"
-    prompt = RAW[i]
-    ours = plain_greedy(qwen_plain, prompt, N)
-    out = run([program("llama-simple"), "-m", str(model_file(QWEN)), "-n", str(N), prompt])
-    echo = qwen_plain.detokenize(qwen_plain.tokenize(prompt))  # it prints the prompt's tokens first
+    prompt, plain = RAW[i], request.getfixturevalue(PLAIN[name])
+    ours = plain_greedy(plain, prompt, N)
+    out = run([program("llama-simple"), "-m", str(model_file(name)), "-n", str(N), prompt])
+    echo = plain.detokenize(plain.tokenize(prompt))  # it prints the prompt's tokens first
     assert out.startswith(echo) and out.endswith("\n")
     assert out[len(echo):-1] == ours.text
 
 
 # Penalties, biases and typical-p as llama.cpp's flags and as llamaspec's options: the copy-heavy
 # edit (where lookup's candidates are the prompt's text, which the penalties now discourage) and
-# a chat answer. Greedy after typical-p: the best token it keeps.
+# a chat answer, on SmolLM2 (the flags are the same code for every model). Greedy after typical-p:
+# the best token it keeps.
 PENALTIES = ["--repeat-penalty", "1.3", "--repeat-last-n", "64", "--presence-penalty", "0.3",
-             "--frequency-penalty", "0.2", "-l", "11-inf", "--typical", "0.9"]  # 11: "," in Qwen's vocabulary
+             "--frequency-penalty", "0.2", "-l", "28-inf", "--typical", "0.9"]  # 28: "," in SmolLM2's vocabulary
 SHAPING = dict(repeat_penalty=1.3, penalty_last_n=64, presence_penalty=0.3, frequency_penalty=0.2,
-               logit_bias={"11": float("-inf")}, typical_p=0.9)
+               logit_bias={"28": float("-inf")}, typical_p=0.9)
 
 
 @pytest.mark.parametrize("prompt, copies", [(PROMPTS[2], True), (RAW[1], False)], ids=["edit", "chat"])
-def test_penalties_and_biases_are_llama_completion_s(qwen_plain, qwen_auto, model_file, reference, tmp_path, prompt,
+def test_penalties_and_biases_are_llama_completion_s(smol_plain, smol_auto, model_file, reference, tmp_path, prompt,
                                                      copies):
     """Plain decoding with the penalties is llama-completion's text with the same flags, byte for
     byte; every source (auto) gives the same tokens, or leaves them only at a near-tie of the
     penalized row (on the edit, with drafts accepted)."""
-    qwen_plain.reset()
-    plain = qwen_plain.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    smol_plain.reset()
+    plain = smol_plain.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(prompt + "\n")
-    out = run([program("llama-completion"), "-m", str(model_file(QWEN)), "-f", str(prompt_file), "-n", str(N),
+    out = run([program("llama-completion"), "-m", str(model_file(SMOL)), "-f", str(prompt_file), "-n", str(N),
                "-c", "2048", "-t", str(THREADS), "--temp", "0", "-no-cnv", "--no-display-prompt", "-ngl", "0"]
               + PENALTIES + ([] if weight_repacking() else ["--no-repack"]))
     assert generated_text(out, prompt, "plain") == plain.text
-    assert 11 not in plain.tokens and plain.text != qwen_plain.generate(prompt, max_tokens=N, temperature=0).text
-    auto = qwen_auto.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
+    assert 28 not in plain.tokens and plain.text != smol_plain.generate(prompt, max_tokens=N, temperature=0).text
+    auto = smol_auto.generate(prompt, max_tokens=N, temperature=0, **SHAPING)
     assert auto.stats.n_accept > 0 or not copies
     if auto.tokens != plain.tokens:
         k = next(i for i, (x, y) in enumerate(zip(auto.tokens + [-1], plain.tokens + [-1])) if x != y)
-        tokens = qwen_plain.tokenize(prompt)
+        tokens = smol_plain.tokenize(prompt)
         text = tokens + plain.tokens[:k]
-        row = shape(reference(QWEN).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
+        row = shape(reference(SMOL).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
         top = np.sort(row)[-2:]
         assert top[1] - top[0] < NEAR_TIE, f"token {k} differs (gap {top[1] - top[0]:.3f})"

@@ -25,7 +25,7 @@ from llamaspec.sources.draft_model import DraftModelSource
 
 from llamaspec.sources import grammar as grammar_source
 
-from conftest import QWEN, SMOL, THREADS
+from conftest import SMOL, THREADS
 from checks import NEAR_TIE
 from fakes import GREEDY
 
@@ -58,7 +58,7 @@ def valid(text: str, schema=PERSON) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [SMOL, QWEN])
+@pytest.mark.parametrize("name", [SMOL])
 def test_every_generation_parses_and_validates(module_spec, name):
     """5 greedy and 5 sampled texts alone, 3 x 4 samples decoded together: 22 of 22 valid."""
     spec = module_spec(name)
@@ -92,7 +92,7 @@ def first_departure(ref, tokens, text: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [SMOL, QWEN])
+@pytest.mark.parametrize("name", [SMOL])
 def test_greedy_constrained_text_is_plain_constrained_decoding_s(module_spec, reference, grammar_vocabulary, name):
     """Every source (the grammar's forced tokens, lookup, lookahead) against --spec none, with
     the same schema: the same tokens, or the first difference at a near-tie."""
@@ -109,36 +109,38 @@ def test_greedy_constrained_text_is_plain_constrained_decoding_s(module_spec, re
 
 
 @pytest.mark.slow
-def test_the_draft_model_follows_the_schema_through_its_forced_tokens(qwen_pair, qwen_plain, reference,
+def test_the_draft_model_follows_the_schema_through_its_forced_tokens(module_spec, smol_quant, reference,
                                                                      grammar_vocabulary):
-    """Qwen2.5-Coder-1.5B with its 0.5B draft verified every step. After '{"name": "Ada Lovelace", "'
+    """SmolLM2 with a draft of its vocabulary and other weights (itself made Q2_K) verified every step. After '{"name": "Ada Lovelace", "'
     the draft takes the token the schema forces ("age") in the decode that reads the text, and
     every token it proposes is one the schema allows; greedy texts are plain constrained
     decoding's (near-ties aside); sampled ones, alone and as 3 samples decoded together, validate."""
-    tokens, _ = qwen_plain.chat_prompt(question(PEOPLE[0]))
-    written = qwen_plain.model.tokenize('{"name": "Ada Lovelace", "', add_special=False, parse_special=False)
-    constraint = GrammarVocabulary(qwen_plain.model).constraint(Grammar.json_schema(PERSON))
+    pair = module_spec(SMOL, str(smol_quant("Q2_K")), spec="draft", fixed=("draft",), draft_max=8, draft_p_min=0.5)
+    plain = module_spec(SMOL, spec="none")
+    tokens, _ = plain.chat_prompt(question(PEOPLE[0]))
+    written = plain.model.tokenize('{"name": "Ada Lovelace", "', add_special=False, parse_special=False)
+    constraint = GrammarVocabulary(plain.model).constraint(Grammar.json_schema(PERSON))
     for t in written:
         constraint.advance(t)
-    draft = DraftModelSource(qwen_pair._parts.loaded["draft"].sequences, 0, DraftConfig(draft_max=8), constraint)
+    draft = DraftModelSource(pair._parts.loaded["draft"].sequences, 0, DraftConfig(draft_max=8), constraint)
     proposal = draft.propose(tokens + written, Budget(8), SamplingConfig(temperature=0), np.random.default_rng(0))
     (cand,) = proposal.candidates
-    assert qwen_plain.model.piece(cand.tokens[0]) == b"age" and cand.evidence[0] == FORCED
+    assert plain.model.piece(cand.tokens[0]) == b"age" and cand.evidence[0] == FORCED
     assert constraint.valid(cand.tokens) == len(cand.tokens) == 8
     assert proposal.decodes[0][0] == len(tokens + written) + 1  # the text and the forced token, one decode
     for i, person in enumerate(PEOPLE[:3]):
-        prompt, _ = qwen_plain.chat_prompt(question(person))
-        ours = qwen_pair.generate(prompt, max_tokens=120, temperature=0, json_schema=PERSON)
-        theirs = qwen_plain.generate(prompt, max_tokens=120, temperature=0, json_schema=PERSON).tokens
+        prompt, _ = plain.chat_prompt(question(person))
+        ours = pair.generate(prompt, max_tokens=120, temperature=0, json_schema=PERSON)
+        theirs = plain.generate(prompt, max_tokens=120, temperature=0, json_schema=PERSON).tokens
         assert ours.stats.sources["draft"].accepted > 0
         if ours.tokens != theirs:
             k = next(j for j, (x, y) in enumerate(zip(ours.tokens + [-1], theirs + [-1])) if x != y)
-            ref = reference(QWEN)
+            ref = reference(SMOL)
             gap = constrained_gap(grammar_vocabulary(ref.model), ref, prompt, theirs, k, PERSON)
             assert gap < NEAR_TIE, f"{person!r}: token {k} differs (gap {gap:.3f})"
-        sampled = [qwen_pair.generate(prompt, max_tokens=160, temperature=0.9, seed=i, json_schema=PERSON)]
+        sampled = [pair.generate(prompt, max_tokens=160, temperature=0.9, seed=i, json_schema=PERSON)]
         if i == 0:
-            sampled += qwen_pair.samples(prompt, 3, max_tokens=160, temperature=0.9, seed=7, json_schema=PERSON)
+            sampled += pair.samples(prompt, 3, max_tokens=160, temperature=0.9, seed=7, json_schema=PERSON)
         assert all(valid(r.text) and r.stop_reason == "stop" for r in sampled), [r.text for r in sampled]
         assert all(r.stats.sources["draft"].accepted > 0 for r in sampled)
 
@@ -160,7 +162,7 @@ ASKED = {"nested": "The book 'Dune' by Frank Herbert came out in 1965; it is sci
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [SMOL, QWEN])
+@pytest.mark.parametrize("name", [SMOL])
 def test_llama_completion_with_the_same_json_schema_gives_the_same_text(module_spec, model_file, reference,
                                                                          grammar_vocabulary, tmp_path, name):
     """llama.cpp's own program with -j, built on this machine (scripts/build_llama_cpp.sh): the
