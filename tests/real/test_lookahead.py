@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from llamaspec import ConfigError, LlamaSpec, LookaheadConfig, ModelConfig, SamplingConfig, SpecConfig, Stats
 from llamaspec.cli import cli
 
-from conftest import PROMPTS, QWEN, ROOT, SMOL, THREADS
-from checks import assert_kv_invariant, assert_sampled_as_alone, check_stats as check_step_stats, generate_checked
+from conftest import PROMPTS, ROOT, SMOL, THREADS
+from checks import NEAR_TIE, assert_kv_invariant, assert_sampled_as_alone, check_stats as check_step_stats, generate_checked
 
 
 SHIPPED = ROOT / "llamaspec" / "data"  # the prompts llamaspec ships
@@ -26,29 +26,22 @@ def smol_fixed(module_spec):
     return module_spec(SMOL, spec="lookahead", fixed=("lookahead",), lookahead=FIXED)
 
 
-@pytest.fixture(scope="module")
-def qwen_lookahead(module_spec):
-    return module_spec(QWEN, spec="lookahead")
-
-
 def check_stats(stats: Stats, n_tokens: int):
     check_step_stats(stats, n_tokens)
     src = stats.sources.get("lookahead")
     assert src is None or (src.accepted <= src.drafted and src.steps <= stats.n_target_calls)
 
 
-def test_qwen_fixed_window_on_the_code_edit(make_spec, qwen_plain, reference):
-    """The whole window and candidates every step, on the real target: same greedy text, and the
-    prompt-seeded pool gets candidates accepted from the start."""
-    spec = make_spec(QWEN, spec="lookahead", fixed=("lookahead",), lookahead=LookaheadConfig(w=3, n=4, g=2))
-    n = 48
-    plain = qwen_plain.generate(CODE_EDIT, max_tokens=n, temperature=0)
-    result = spec.generate(CODE_EDIT, max_tokens=n, temperature=0)
-    argmax, gap = reference(QWEN).top2(spec.tokenize(CODE_EDIT), result.tokens)
+def test_a_small_fixed_window_on_the_code_edit(make_spec, reference):
+    """A window of another shape (3, 4, 2), whole with its candidates every step: each token is
+    the one-token-at-a-time argmax (or a near-tie), and the prompt-seeded pool gets candidates
+    accepted from the start."""
+    spec = make_spec(SMOL, spec="lookahead", fixed=("lookahead",), lookahead=LookaheadConfig(w=3, n=4, g=2))
+    result = spec.generate(CODE_EDIT, max_tokens=48, temperature=0)
+    argmax, gap = reference(SMOL).top2(spec.tokenize(CODE_EDIT), result.tokens)
     differ = [i for i, (a, b) in enumerate(zip(argmax, result.tokens)) if a != b]
-    assert all(gap[i] < 0.5 for i in differ), differ
+    assert all(gap[i] < NEAR_TIE for i in differ), differ
     assert result.stats.n_accept > 10 and result.stats.sources["lookahead"].accepted > 10, result.stats.summary()
-    print(f"qwen fixed (3,4,2): {len(result.tokens)} tokens, identical to plain: {result.tokens == plain.tokens}")
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
