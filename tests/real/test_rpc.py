@@ -65,10 +65,8 @@ class RpcServer:
         self.proc.wait()
 
 
-@pytest.fixture
-def rpc_servers(rpc_program):
-    """Two fresh rpc-servers, stopped after the test."""
-    servers = [RpcServer(rpc_program) for _ in range(2)]
+def _servers(program):
+    servers = [RpcServer(program) for _ in range(2)]
     yield servers
     for s in servers:
         if s.proc.poll() is None:
@@ -76,25 +74,38 @@ def rpc_servers(rpc_program):
         s.kill()
 
 
+@pytest.fixture
+def rpc_servers(rpc_program):
+    """Two fresh rpc-servers, stopped after the test (which may kill or stop one)."""
+    yield from _servers(rpc_program)
+
+
+@pytest.fixture(scope="module")
+def shared_servers(rpc_program):
+    """Two rpc-servers for the tests that leave them running: a cost curve measured on them
+    (keyed by their addresses) is measured once."""
+    yield from _servers(rpc_program)
+
+
 def endpoints(servers):
     return [s.endpoint for s in servers]
 
 
-def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, rpc_servers, module_spec):
+def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, shared_servers, module_spec):
     """SmolLM2's layers on two rpc-servers (one thread each): the text of plain decoding and of
     auto is the local plain run's; the costs are measured and cached for that placement."""
     prompt = "def quicksort(items):\n"
     local = module_spec(SMOL, spec="none").generate(prompt, max_tokens=32, temperature=0).text
     for spec in ("none", "auto"):
-        with llamaspec.load(str(model_file(SMOL)), spec=spec, rpc=endpoints(rpc_servers), n_threads=THREADS,
+        with llamaspec.load(str(model_file(SMOL)), spec=spec, rpc=endpoints(shared_servers), n_threads=THREADS,
                             n_ctx=1024, progress=False) as placed:
-            assert placed.model.rpc == tuple(endpoints(rpc_servers))
+            assert placed.model.rpc == tuple(endpoints(shared_servers))
             assert placed.generate(prompt, max_tokens=32, temperature=0).text == local, spec
     table = json.loads((models.cache_dir() / "costs.json").read_text())
     assert any("RPC[127.0.0.1:" in key for key in table), list(table)
 
 
-def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_servers, smol_quant):
+def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, shared_servers, smol_quant):
     """--rpc-draft: a draft beside its target on the same servers (one client: an rpc-server
     serves one at a time), its KV-cache sequences in the worker too, verified every step: the
     text of plain decoding on the same servers (the servers' kernels are not this process's: at
@@ -103,14 +114,14 @@ def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, rpc_serv
     there."""
     prompt = "def fibonacci(n):"
     target, draft = model_file(SMOL), smol_quant("Q2_K")
-    placed_on = dict(rpc=tuple(endpoints(rpc_servers)), n_threads=THREADS, n_ctx=1024)
+    placed_on = dict(rpc=tuple(endpoints(shared_servers)), n_threads=THREADS, n_ctx=1024)
     with llamaspec.load(str(target), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=1024,
                         progress=False) as plain:
         expected = plain.generate(prompt, max_tokens=24, temperature=0).text
     with LlamaSpec(ModelConfig(str(target), **placed_on), ModelConfig(str(draft), **placed_on),
                    settings=dict(draft_max=4, draft_p_min=0.0), progress=False,
                    spec=SpecConfig.parse("draft").with_fixed(frozenset({"draft"}))) as placed:
-        assert placed.draft_model.rpc == tuple(endpoints(rpc_servers))
+        assert placed.draft_model.rpc == tuple(endpoints(shared_servers))
         assert placed.draft_model.worker is placed.model.worker
         result = placed.generate(prompt, max_tokens=24, temperature=0)
         assert result.text == expected
