@@ -6,32 +6,27 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 import llamaspec
 from llamaspec import SamplingConfig
-from llamaspec.llama.binding import quantize
+from llamaspec.llama import models
 
 from conftest import QWEN_DRAFT, THREADS, assert_one_line_error, run
 
 
 @pytest.fixture(scope="module")
-def quants(smol, tmp_path_factory):
+def quants(smol_quant):
     """SmolLM2 re-quantized: Q8_0 (nearly lossless over the Q4_1 it comes from), Q4_0, Q2_K."""
-    out = tmp_path_factory.mktemp("quants")
-    made = {}
-    for kind in ("Q8_0", "Q4_0", "Q2_K"):
-        made[kind] = out / f"smol.{kind}.gguf"
-        quantize(Path(smol), made[kind], kind, THREADS)
-    return made
+    return {kind: smol_quant(kind) for kind in ("Q8_0", "Q4_0", "Q2_K")}
 
 
 @pytest.fixture(scope="module")
-def work_cache(tmp_path_factory):
-    """Cost curves and cached answers of this module's throwaway files stay out of the real cache."""
-    return tmp_path_factory.mktemp("cache")
+def work_cache():
+    """The suite's cache (where the other tests keep the cost curves of SmolLM2 and of the same
+    quantizations: each is measured once a run)."""
+    return models.cache_dir()
 
 
 @pytest.fixture(scope="module")
