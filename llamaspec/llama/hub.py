@@ -29,6 +29,7 @@ _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 # a quantization's name in a file's: Q4_K_M, IQ2_XS, Q8_0, F16, BF16...
 _QUANT = re.compile(r"(?<![A-Za-z0-9])((?:I?Q\d+(?:_[A-Z0-9]+)*)|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+PROBE_TIMEOUT = 5.0  # seconds the hub has to answer at all before its cache is used
 DEFAULT_TAG = "Q4_K_M"  # llama.cpp's choice where a repository has several models and no tag is given
 
 
@@ -152,6 +153,7 @@ def _listing(repo: str) -> Tuple[List[str], bool]:
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                         RepositoryNotFoundError)
     try:
+        _reachable()
         return HfApi().list_repo_files(repo), True
     except GatedRepoError:
         raise FetchError(f"{repo} is gated on the hub: accept its terms there and set HF_TOKEN") from None
@@ -167,6 +169,15 @@ def _listing(repo: str) -> Tuple[List[str], bool]:
     if not files:
         raise FetchError(f"{why}, and the local cache holds nothing of {repo}")
     return files, False
+
+
+def _reachable() -> None:
+    """Raise at once where the hub cannot be reached (no network, refused, no name): one request
+    without retries, so that a machine offline uses its cache without waiting out the listing's
+    retries (about 25 s). Nothing where HF_HUB_OFFLINE is set: the listing refuses at once."""
+    from huggingface_hub import constants, get_session
+    if not constants.HF_HUB_OFFLINE:
+        get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT)
 
 
 def _download(repo: str, file: str, progress: bool, online: bool) -> Path:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict
@@ -196,7 +197,9 @@ def test_a_cached_model_is_used_offline_and_with_no_hub_at_all(hub, tmp_path):
     cache = tmp_path / "hub"
     assert llamaspec(hub, cache, "models", "path", "-hf", "test/SmolLM2-GGUF:Q8_0").returncode == 0
     offline = llamaspec(hub, cache, "models", "path", "-hf", "test/SmolLM2-GGUF:Q8_0", offline=True)
+    t0 = time.monotonic()
     gone = llamaspec(hub, cache, "models", "path", "-hf", "test/SmolLM2-GGUF:Q8_0", endpoint="http://127.0.0.1:9")
+    assert time.monotonic() - t0 < 12  # no waiting out the listing's retries (about 25 s)
     assert offline.returncode == 0 and gone.returncode == 0, (offline.stderr, gone.stderr)
     assert offline.stdout == gone.stdout and offline.stdout.strip().endswith("Q8_0.gguf")
     one_line(llamaspec(hub, cache, "models", "path", "-hf", "test/Qwen-draft-GGUF", offline=True),
