@@ -147,7 +147,8 @@ def test_out_of_range_numbers_are_one_line(smol, args, fragment):
 
 
 def test_more_threads_than_cores_and_gpu_layers_without_a_gpu_warn_once(smol):
-    result = run("generate", "-m", smol, "-p", A, "-n", "2", "-t", str(4 * (os.cpu_count() or 1)), "-ngl", "-1")
+    result = run("generate", "-m", smol, "-p", A, "-n", "2", "-t", str(4 * (os.cpu_count() or 1)), "-ngl", "-1",
+                 "--spec", "none")  # no cost curve to measure for that many threads
     assert result.exit_code == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "threads on" in warnings[0] and "without GPU support" in warnings[1]
@@ -329,11 +330,11 @@ def test_chat_from_a_pipe_joins_lines_ending_in_a_backslash_and_answers_commands
 
 
 def test_chat_keeps_its_session_when_the_context_is_full(smol):
-    turns = "".join(f"Tell me more, part {i}.\n" for i in range(12)) + "/exit\n"
+    turns = "".join(f"Tell me more, part {i}.\n" for i in range(6)) + "/exit\n"  # full by the third
     result = run("chat", "-m", smol, "-c", "256", "-n", "100", "--temp", "0", input=turns)
     assert result.exit_code == 0, result.stderr
     assert "(the conversation no longer fit the context: left out its" in result.stderr
-    assert result.stderr.count("auto: ") == 12
+    assert result.stderr.count("auto: ") == 6
     assert "error" not in result.stderr
 
 
