@@ -26,6 +26,7 @@ from checks import Server, free_port
 
 SCRIPT = ROOT / "scripts" / "build_llama_cpp.sh"
 PROGRAM = "ggml-rpc-server"
+CTX = 512  # too small for the cost curve's deep measurement (behind 1024 tokens): half the decodes over RPC
 TIMEOUT = 5.0  # seconds a decode may take on the test's servers before they count as gone
 
 
@@ -98,7 +99,7 @@ def test_greedy_text_on_two_rpc_servers_is_the_local_run_s(model_file, shared_se
     local = module_spec(SMOL, spec="none").generate(prompt, max_tokens=32, temperature=0).text
     for spec in ("none", "auto"):
         with llamaspec.load(str(model_file(SMOL)), spec=spec, rpc=endpoints(shared_servers), n_threads=THREADS,
-                            n_ctx=1024, progress=False) as placed:
+                            n_ctx=CTX, progress=False) as placed:
             assert placed.model.rpc == tuple(endpoints(shared_servers))
             assert placed.generate(prompt, max_tokens=32, temperature=0).text == local, spec
     table = json.loads((models.cache_dir() / "costs.json").read_text())
@@ -114,8 +115,8 @@ def test_a_draft_model_on_the_rpc_servers_drafts_from_there(model_file, shared_s
     there."""
     prompt = "def fibonacci(n):"
     target, draft = model_file(SMOL), smol_quant("Q2_K")
-    placed_on = dict(rpc=tuple(endpoints(shared_servers)), n_threads=THREADS, n_ctx=1024)
-    with llamaspec.load(str(target), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=1024,
+    placed_on = dict(rpc=tuple(endpoints(shared_servers)), n_threads=THREADS, n_ctx=CTX)
+    with llamaspec.load(str(target), spec="none", rpc=placed_on["rpc"], n_threads=THREADS, n_ctx=CTX,
                         progress=False) as plain:
         expected = plain.generate(prompt, max_tokens=24, temperature=0).text
     with LlamaSpec(ModelConfig(str(target), **placed_on), ModelConfig(str(draft), **placed_on),
