@@ -21,10 +21,10 @@ from llamaspec.sampling import shape
 from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
 
 from conftest import PROMPTS, QWEN, ROOT, SMOL, THREADS, chatml
-from checks import NEAR_TIE
+from checks import NEAR_TIE, N_TOKENS
 
 
-N = 160
+N = N_TOKENS  # the greedy tests' length: plain decoding of a prompt is shared with them (plain_greedy)
 RAW = [PROMPTS[0], chatml("Explain in detail how a hash table handles collisions."), "def fibonacci(n):"]
 
 
