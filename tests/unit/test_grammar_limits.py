@@ -1,53 +1,20 @@
-"""Hostile JSON schemas and grammars, on SmolLM2's vocabulary: none ends the process (the crash
-that did is tried in a subprocess), compiling is bounded in time, each refusal is one line of at
-most 300 characters that names the part of the request at fault and never the engine's
-internals, and what llama-server accepts is accepted."""
+"""Hostile JSON schemas and grammars without a model: a crash of the grammar engine is one line
+and the next grammar compiles; the CLI's --json-schema refused before any model loads, with the
+server's message (on a vocabulary: tests/real/test_grammar_limits.py)."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from llamaspec.constraints import Grammar, GrammarVocabulary
+from llamaspec.constraints import Grammar
 from llamaspec.constraints.compiler import Compiler
 from llamaspec.errors import GrammarError
-from llamaspec.llama.binding import Model
 
-from conftest import SMOL, run
-
-
-@pytest.fixture(scope="module")
-def vocab(model_file):
-    vocab = GrammarVocabulary(Model(model_file(SMOL), vocab_only=True))
-    yield vocab
-    vocab.close()
+from conftest import run
 
 
-def props(n: int, required: bool = False) -> dict:
-    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
-    return {**schema, "required": list(schema["properties"])} if required else schema
-
-
-def chain(n: int) -> str:
-    """A GBNF grammar of ``n`` rules, each calling the next (converting it takes seconds)."""
-    return "root ::= r0\n" + "\n".join(f'r{i} ::= "a" r{i + 1}' for i in range(n)) + f'\nr{n} ::= "b"'
-
-
-def allows(vocab: GrammarVocabulary, grammar: Grammar, text: str) -> bool:
-    state = vocab.constraint(grammar)
-    tokens = vocab.model.tokenize_bytes(text.encode())
-    if state.valid(tokens) != len(tokens):
-        return False
-    for token in tokens:
-        state.advance(token)
-    return state.complete
-
-
-# What llama-server's json_schema field accepts (and a GBNF rule of 5,000 alternatives): each with a
-# text it allows and one it does not.
-
-
-# (the field, what it holds, the message's start): every refusal, one line naming the place
+def props(n: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
 
 
 def test_a_crash_of_the_grammar_engine_is_one_line_and_the_next_grammar_compiles():
