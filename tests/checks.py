@@ -71,6 +71,19 @@ def assert_kv_invariant(spec) -> None:
     assert_engine_kv(spec.engine)
 
 
+def run_to_end(sched, requests, check, max_steps: int) -> None:
+    """Submit ``requests`` to the scheduler and step it until they are done (at most
+    ``max_steps`` steps), calling ``check(engine)`` after every step."""
+    for r in requests:
+        sched.submit(r)
+    for _ in range(max_steps):
+        if not sched.busy:
+            break
+        sched.step()
+        check(sched.engine)
+    assert all(r.done.is_set() for r in requests)
+
+
 def generate_checked(spec, prompt: List[int], n: int = 1, **options) -> List[Result]:
     """One text (or ``n`` samples) through ``spec``'s scheduler, as generate decodes it, one engine
     step at a time, every cache checked after each; their results."""

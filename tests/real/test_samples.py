@@ -23,7 +23,8 @@ from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.stats import sum_sources
 
 from conftest import PROMPTS, SMOL, THREADS, assert_one_line_error, chatml, run
-from checks import JSON_PROMPT, assert_as_alone, assert_engine_kv, assert_kv_invariant, assert_sampled_as_alone, sampled_near_tie
+from checks import (JSON_PROMPT, assert_as_alone, assert_engine_kv, assert_kv_invariant, assert_sampled_as_alone,
+                    run_to_end, sampled_near_tie)
 
 
 def test_a_sampled_near_tie_is_only_a_near_tie():
@@ -49,18 +50,9 @@ def scheduler(spec, n_lanes: int) -> Scheduler:
         if text.group else []), Planner(spec._parts.costs), spec.ctx.n_ctx, spec.ctx.n_ctx)
 
 
-def drive(sched: Scheduler, requests, check=lambda engine: None) -> None:
-    """Submit ``requests`` and step until they are done; every lane's cache (and ``check``)
-    after every step."""
-    for r in requests:
-        sched.submit(r)
-    for _ in range(2000):
-        if not sched.busy:
-            break
-        sched.step()
-        assert_engine_kv(sched.engine)
-        check(sched.engine)
-    assert all(r.done.is_set() for r in requests)
+def drive(sched: Scheduler, requests) -> None:
+    """Submit ``requests`` and step until they are done; every lane's cache checked after every step."""
+    run_to_end(sched, requests, assert_engine_kv, 2000)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from llamaspec.planning.planner import Limits, Planner
 from llamaspec.engine.scheduler import Request, Scheduler
 from llamaspec.engine.stats import SourceStats
 
+from checks import run_to_end
 from fakes import BlurredContext, FakeContext, FakeModel, V, cheap_draft, copying_prompt, fake_prompt, greedy_text, logits_of
 
 
@@ -82,14 +83,7 @@ def check_drafts(drafts: DraftSequences, engine: Engine) -> None:
 
 
 def run_all(sched: Scheduler, requests: List[Request], ctx: FakeContext) -> None:
-    for r in requests:
-        sched.submit(r)
-    for _ in range(10_000):
-        if not sched.busy:
-            break
-        sched.step()
-        check_lanes(ctx, sched.engine)
-    assert all(r.done.is_set() for r in requests)
+    run_to_end(sched, requests, lambda engine: check_lanes(ctx, engine), 10_000)
 
 
 @pytest.mark.parametrize("n_lanes", [1, 3])
