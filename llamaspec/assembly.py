@@ -14,6 +14,7 @@ the public methods; this module the assembly, in the order it happens::
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import replace
@@ -109,12 +110,11 @@ class Assembly:
             self.ctx = self.model.context(target.n_ctx, target.threads, target.n_batch,
                                           1 + self.scratch + MAX_SAMPLES)
             costs_file = models.cache_dir(cache_dir) / "costs.json"
-            ctx, measured = self.ctx, []
+            ctx = self.ctx
 
+            @functools.cache
             def target_curve() -> CostCurve:  # measured once, when first needed: after a draft's checks
-                if not measured:
-                    measured.append(load_or_measure(ctx, costs_file, progress) if names else CostCurve.flat())
-                return measured[0]
+                return load_or_measure(ctx, costs_file, progress) if names else CostCurve.flat()
             self._resources = Resources(self._pool, self.model, draft, target_curve, costs_file, cache_dir, progress)
             for p in plugins:
                 if p.loads_from(configs[p.name], draft):

@@ -201,9 +201,7 @@ def cached(repo: Optional[str] = None) -> List[Tuple[str, Path]]:
     from huggingface_hub.errors import CacheNotFound  # type: ignore[attr-defined]
     try:
         info = scan_cache_dir()
-    except CacheNotFound:
-        return []
-    except OSError:
+    except (CacheNotFound, OSError):  # no cache yet, or one that cannot be read
         return []
     out: Dict[str, Path] = {}
     for r in info.repos:
