@@ -29,7 +29,7 @@ from .engine.batcher import Batcher
 from .engine.scheduler import RequestStream, Stream
 from .engine.generation import Chunk, Result
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from .sources import CacheConfig, DraftConfig, LookaheadConfig, LookupConfig, installed_registry
+from .sources import CacheConfig, DraftConfig, HeadsConfig, LookaheadConfig, LookupConfig, installed_registry
 from .sources.registry import Option, Plugin, Registry, Setup, TextContext
 from .sources.base import Budget, Candidate, Outcome, Proposal, Source
 from .errors import (
@@ -77,6 +77,7 @@ __all__ = [
     "GenerationConfig",
     "LlamaSpec",
     "LlamaspecError",
+    "HeadsConfig",
     "LookaheadConfig",
     "LookupConfig",
     "ModelConfig",

@@ -296,3 +296,13 @@ def pytest_terminal_summary(terminalreporter):
         import resource
         peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     terminalreporter.write_line(f"peak resident memory of the test process: {peak_kb / 2**20:.1f} GB")
+
+
+@pytest.fixture(scope="session")
+def smol_heads(model_file, tmp_path_factory) -> Path:
+    """Draft heads for SmolLM2, trained once for the suite on a little of the README (seconds)."""
+    from llamaspec.training import TrainConfig, train_heads
+    out = tmp_path_factory.mktemp("heads") / "smol.heads.npz"
+    path, _ = train_heads(str(model_file(SMOL)), [ROOT / "README.md"], TrainConfig(epochs=3), out, tokens=1536,
+                          threads=THREADS, progress=False)
+    return path

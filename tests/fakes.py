@@ -69,6 +69,7 @@ class FakeContext:
         self.threads = 1
         self.sharp = sharp
         self.t_llama = 0.0
+        self.hidden_states = False  # no hidden states: a fake has no layers
         self._cells: List[Tuple[int, int, Set[int]]] = []
         self._out: np.ndarray = np.zeros((0, V), dtype=np.float32)
         self.decodes: List[int] = []  # rows per decode
@@ -103,7 +104,7 @@ class FakeContext:
         self._out = np.array(out, dtype=np.float32).reshape(-1, V)
 
     # --- sequences (engine.py) ------------------------------------------------------------
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
         self._decode([(t, pos, tuple(ids), lg) for t, pos, ids, lg in rows])
         return len(self._out)
 

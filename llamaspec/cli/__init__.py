@@ -65,6 +65,7 @@ def cli() -> None:
 
 
 for command in (generation.generate, generation.chat, generation.serve, tools.models_group, tools.lookup_group,
+                tools.heads_group,
                 tools.bench_command, tools.profile_command, tools.agreement_command, tools.compare_command):
     cli.add_command(command)
 

@@ -1,5 +1,5 @@
 """The commands that manage and measure: ``models`` (list, fetch, path), ``lookup`` (n-gram
-cache files: create, stats), ``bench``, ``profile``, ``agreement`` and ``compare``."""
+cache files: create, stats), ``heads train``, ``bench``, ``profile``, ``agreement`` and ``compare``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from ..planning.planner import Planner
 from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
+from ..training import TrainConfig, train_heads
+from ..training.run import TOKENS
 from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
                       split_names, write_text, _placement)
 
@@ -193,6 +195,46 @@ RUN_OPTIONS = (*MODELS, *SETTINGS, *PLACEMENT)
 # compare runs llama.cpp's programs with their own lookup and lookahead settings (measure.compare.matched):
 # only the draft model's are the user's
 COMPARE_OPTIONS = (*MODELS, *(k for k in SETTINGS if k.startswith("draft_")), *PLACEMENT)
+
+
+@click.group("heads")
+def heads_group() -> None:
+    """Draft heads: small heads on the target's last hidden state that guess the next tokens."""
+
+
+@heads_group.command("train")
+@click.option("-m", "--model", default=None, help="The target the heads are for [default: the default target].")
+@click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
+              help="Training text (repeatable) [default: the target's answers to a set of prompts, then Python's "
+                   "standard library and installed packages' descriptions].")
+@click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
+              help="Heads: head k guesses the token k places after the next one.")
+@click.option("--tokens", type=int, default=TOKENS, show_default=True, help="Tokens of training text to read.")
+@click.option("--map-tokens", "n_tokens", type=int, default=0,
+              help="Tokens the heads can guess: the most frequent of the target's [default: 0, those that "
+                   "make 95% of the target's tokens on the text, 1024 to 8192].")
+@click.option("--epochs", type=float, default=TrainConfig.epochs, show_default=True)
+@click.option("--seed", type=int, default=TrainConfig.seed, show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Heads file to write [default: CACHE/heads/MODEL_FILE.heads.npz, where generate, chat, serve and "
+                   "bench find them without --heads].")
+@click.option("-t", "--threads", "n_threads", type=int, default=None, help="Threads [default: all cores].")
+@cache_option
+def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tokens: int, n_tokens: int,
+                epochs: float, seed: int, output: Optional[Path], n_threads: Optional[int],
+                cache_dir: Optional[Path]) -> None:
+    """Train draft heads for a model on this machine, from its own hidden states and tokens."""
+    config = TrainConfig(heads=n_heads, n_tokens=n_tokens, epochs=epochs, seed=seed)
+    if output is not None:
+        check_writable(output)
+    path, report = train_heads(model or models.default_pair()[0], files, config, output, tokens,
+                               threads=n_threads, cache_dir=cache_dir)
+    cut = " (stopped by Ctrl-C: what was trained is kept)" if report.interrupted else ""
+    click.echo(f"{path}: {n_heads} heads over {report.n_tokens} tokens ({report.coverage:.0%} of the target's), "
+               f"{report.rows} rows, {report.steps} steps in {report.seconds:.0f} s{cut}", err=True)
+    for k, (t1, t5, b1) in enumerate(zip(report.top1, report.top5, report.base_top1), start=1):
+        click.echo(f"head {k}: top-1 {t1:.3f}, top-5 {t5:.3f} on {report.held_out_rows} held-out rows "
+                   f"(untrained: top-1 {b1:.3f})", err=True)
 
 
 @click.command("bench")

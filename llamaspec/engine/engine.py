@@ -313,11 +313,13 @@ class Engine:
                 self._pad(rows, free, used, verify)
             warm = self.shape.warm(len(rows))
             busy = target.t_llama
-            target.decode_rows(rows)
+            read_hidden = target.hidden_states and bool(lanes_rows)  # a source reads them: verified rows' only
+            target.decode_rows(rows, hidden=read_hidden)
             # a batch's rows attend to their own lane's text: priced behind the longest
             if costs is not None and warm:
                 costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
             logits = target.logits(n_out)
+            hidden = target.hidden(n_out) if read_hidden else None
             for ln, take, out, last in chunks:
                 start = len(ln.cached)
                 ln.cached += ln.tokens[start:start + take]
@@ -330,7 +332,7 @@ class Engine:
             for d in lanes_rows:
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_window]
                 window_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_window else None
-                step = self._settle(d, logits[d.out:], window_tokens)
+                step = self._settle(d, logits[d.out:], window_tokens, hidden[d.out:] if hidden is not None else None)
                 accepted += step.n_accepted
                 emitted.append((d.lane.home, step))
             self.shape.decoded(len(rows), accepted, verify)
@@ -418,9 +420,11 @@ class Engine:
             out.append((ln.home, Step(tokens=[token], logprobs=logprobs, echoed=echoed, halt=halt)))
         return out
 
-    def _settle(self, d: "LaneRows", logits: np.ndarray, window_tokens: Optional[Tuple[int, ...]]) -> Step:
+    def _settle(self, d: "LaneRows", logits: np.ndarray, window_tokens: Optional[Tuple[int, ...]],
+                hidden: Optional[np.ndarray]) -> Step:
         """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
-        from the target's greedy tokens at its rows, when it rode)."""
+        from the target's greedy tokens at its rows, when it rode; the hidden state of the row
+        the target's own token came from, when the decode output them)."""
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
@@ -440,6 +444,8 @@ class Engine:
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
         outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan)
+        if hidden is not None:  # a copy: the decode's buffer is reused by the next one
+            outcome = replace(outcome, hidden=np.array(hidden[path[-1] if path else 0]))
         ln.speculator.learn(outcome)
         return replace(step, logprobs=logprobs, halt=halt)
 

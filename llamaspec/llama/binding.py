@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Deque, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 import gguf
 import numpy as np
@@ -112,6 +112,7 @@ class Model:
         self.n_vocab: int = ll.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
         self.n_layer: int = ll.llama_model_n_layer(ptr)
+        self.n_embd: int = ll.llama_model_n_embd(ptr)
         self._pieces: dict = {}
         self._eog: Optional[FrozenSet[int]] = None
 
@@ -295,6 +296,7 @@ class Context:
         params.swa_full = True  # rolling back rejected tokens needs the whole SWA window
         params.kv_unified = True  # sequences share cells (lookahead copies prefixes between them)
         params.no_perf = True
+        params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE  # hidden states, when on, are every output row's
         _log_lines.clear()
         ptr = ll.llama_init_from_model(model._ptr, params)
         if not ptr:
@@ -310,6 +312,9 @@ class Context:
         self.batch = Batch(n_batch, n_seq_max)
         self.tokens: List[int] = []
         self.t_llama = 0.0  # seconds spent inside llama_decode, for profiling our own overhead
+        self.hidden_states = False  # whether a caller wants decodes of verified rows with hidden states
+        self._embeddings = False  # llama.cpp's setting now
+        self._all_out: Optional[Tuple[int, List[int]]] = None  # the last decode output every row: (rows, asked)
         self._touched = 1  # sequences 1 .. _touched - 1 may hold cells: a decode or copy used them
 
     def close(self) -> None:
@@ -322,14 +327,19 @@ class Context:
         self.close()
 
     # --- decoding -------------------------------------------------------------------
-    def decode(self, batch: Optional[Batch] = None) -> None:
-        """Run llama_decode on ``batch`` (default: this context's own batch) to its end.
+    def decode(self, batch: Optional[Batch] = None, hidden: bool = False) -> None:
+        """Run llama_decode on ``batch`` (default: this context's own batch) to its end;
+        ``hidden``: with the hidden states of the rows with logits (see decode_rows).
 
         On a GPU llama_decode returns once the work is queued; waiting for it here (as reading a
         row of logits would, right after) makes ``t_llama`` the decode's time, which the costs
         learn from: without it, an H100 showed decodes at a tenth of their time."""
         b = batch or self.batch
         b._b.n_tokens = b.n_tokens
+        if hidden != self._embeddings:
+            ll.llama_set_embeddings(self._ptr, hidden)
+            self._embeddings = hidden
+        self._all_out = (b.n_tokens, [i for i in range(b.n_tokens) if b._b.logits[i]]) if hidden else None
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ptr, b._b)
         if rc == 0:
@@ -356,9 +366,26 @@ class Context:
             self.tokens.extend(chunk)
 
     def logits(self, n_rows: int) -> np.ndarray:
-        """A (n_rows, n_vocab) float32 view of the last decode's output rows (no copy)."""
-        ptr = ll.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
+        """A (n_rows, n_vocab) float32 view of the last decode's output rows (no copy, but where
+        a decode with hidden states asked for the logits of some of its rows only)."""
+        return self._outputs(ll.llama_get_logits(self._ptr), n_rows, self.model.n_vocab)
+
+    def hidden(self, n_rows: int) -> np.ndarray:
+        """A (n_rows, n_embd) float32 array of the last decode's hidden states (``decode_rows``
+        with ``hidden``), one per row with logits."""
+        ptr = ll.llama_get_embeddings(self._ptr)
+        if not ptr or not self._all_out:
+            raise DecodeError("the last decode output no hidden states")
+        return self._outputs(ptr, n_rows, self.model.n_embd)
+
+    def _outputs(self, ptr: Any, n_rows: int, width: int) -> np.ndarray:
+        """The output rows of the last decode that had logits asked for: with hidden states on,
+        llama.cpp outputs every row, and those asked for are picked (a copy)."""
+        if not self._all_out:
+            return np.ctypeslib.as_array(ptr, shape=(n_rows, width))
+        n, picked = self._all_out
+        every = np.ctypeslib.as_array(ptr, shape=(n, width))
+        return every if len(picked) == n else every[picked[:n_rows]]
 
     def logits_ith(self, i: int) -> np.ndarray:
         """The logits of batch row ``i`` (negative counts from the end), a view."""
@@ -383,17 +410,18 @@ class Context:
         self._touched = 1
         del self.tokens[n:]
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
         """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
         that keep the sequences' bookkeeping themselves (the engine's lanes; ``tokens`` is not
-        touched).
+        touched). ``hidden``: the rows with logits have their last hidden state read too
+        (:meth:`hidden`; llama.cpp then computes the output of every row).
         Returns how many output rows the decode produced, in row order."""
         b = self.batch
         b.clear()
         for token, pos, seqs, logits in rows:
             b.add(token, pos, seqs, logits)
             self._touched = max(self._touched, 1 + max(seqs))
-        self.decode()
+        self.decode(hidden=hidden)
         return sum(1 for row in rows if row[3])
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:

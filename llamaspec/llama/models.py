@@ -241,6 +241,18 @@ def model_path(
     return path if _is_verified(path, entry) else None
 
 
+def file_name(spec: str, registry: Optional[Dict[str, ModelEntry]] = None) -> Optional[str]:
+    """The file name a model argument names, where that is known without fetching anything: an
+    existing file's, a registry model's; None for anything else."""
+    if hub.is_hub(spec):
+        return None
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.name
+    known = load_registry() if registry is None else registry
+    return known[spec].file if spec in known else None
+
+
 def _lookup(name: str, registry: Optional[Dict[str, ModelEntry]]) -> ModelEntry:
     known = load_registry() if registry is None else registry
     if name not in known:

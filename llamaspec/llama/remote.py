@@ -239,7 +239,11 @@ class RemoteContext:
         finally:
             self.t_llama += time.perf_counter() - t0
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]]) -> int:
+    hidden_states = False  # decodes on RPC servers return no hidden states
+
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
+        if hidden:
+            raise DecodeError("a model on RPC servers returns no hidden states")
         return self._decode("decode_rows", [(int(t), int(p), tuple(int(s) for s in seqs), bool(lg))
                                             for t, p, seqs, lg in rows])
 

@@ -8,6 +8,7 @@
     ngram_cache.py  llama.cpp's n-gram cache files (llama-lookup's)
     lookahead.py    lookahead decoding: an n-gram pool and a Jacobi window riding in the batch
     draft_model.py  a small model with the target's vocabulary
+    heads.py        draft heads on the target's hidden state, trained on this machine (Medusa)
     consensus.py    what sibling samples of the same prompt wrote
     grammar.py      what a request's grammar (a JSON schema) forces next
 
@@ -17,8 +18,9 @@ built-in sources' settings, which the package exports for ``llamaspec.LookaheadC
 
 from typing import Any, Sequence
 
-from . import consensus, draft_model, grammar, lookahead, lookup, ngram_cache
+from . import consensus, draft_model, grammar, heads, lookahead, lookup, ngram_cache
 from .draft_model import DraftConfig
+from .heads import HeadsConfig
 from .lookahead import LookaheadConfig
 from .lookup import LookupConfig
 from .ngram_cache import CacheConfig
@@ -27,7 +29,7 @@ from .registry import Registry, installed
 
 def default_registry() -> Registry:
     """The built-in sources, in the order their candidates are gathered."""
-    return Registry((lookup.PLUGIN, ngram_cache.PLUGIN, lookahead.PLUGIN, draft_model.PLUGIN, consensus.PLUGIN,
+    return Registry((lookup.PLUGIN, ngram_cache.PLUGIN, lookahead.PLUGIN, heads.PLUGIN, draft_model.PLUGIN, consensus.PLUGIN,
                      grammar.PLUGIN))
 
 
@@ -37,5 +39,5 @@ def installed_registry(extra: Sequence[Any] = ()) -> Registry:
     return installed(default_registry(), extra)
 
 
-__all__ = ["CacheConfig", "DraftConfig", "LookaheadConfig", "LookupConfig", "Registry", "default_registry",
+__all__ = ["CacheConfig", "DraftConfig", "HeadsConfig", "LookaheadConfig", "LookupConfig", "Registry", "default_registry",
            "installed_registry"]

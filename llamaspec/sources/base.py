@@ -119,7 +119,9 @@ class Outcome:
     greedy token at each window row with logits (None when no window rode), ``cost`` what the
     step cost as planned, in single-token decodes, ``estimated`` the candidate tokens the
     acceptance model expected accepted among those verified, ``seconds`` the wall time asking
-    the sources and planning took (a draft model's drafting aside; 0: not measured).
+    the sources and planning took (a draft model's drafting aside; 0: not measured),
+    ``hidden`` the target's last hidden state at the row it chose its own token from (the
+    emitted's last), where its decodes output hidden states (a source's plugin asks for them).
     """
 
     tokens: Sequence[int]
@@ -131,6 +133,7 @@ class Outcome:
     cost: float = 0.0
     estimated: float = 0.0
     seconds: float = 0.0
+    hidden: Optional[np.ndarray] = None
 
     @property
     def n_accepted(self) -> int:

@@ -13,6 +13,8 @@ them but what they declare.
     priors, overall         the prior acceptance of each evidence key it gives, and overall
     needs                   what a generation must carry for it to run (several samples, a grammar)
     room                    the KV-cache sequences it needs beside the text's own
+    beside, hidden          what the cache keeps for the target (trained heads); it reads the
+                            target's hidden states
     shadowed_by, joins, reads_references, alone_flag, fixed_flag   (see Plugin)
 
 Plugins are found in this package (``default_registry``), in other installed packages through
@@ -156,6 +158,10 @@ class Plugin:
     that source is named in ``--spec`` and its own needs are met. ``reads_references``: it
     copies from a generation's references. ``room(config, n_ctx, n_batch, leaves, whole)``: the
     KV-cache sequences it needs (ConfigError where llama.cpp cannot have them).
+    ``beside(config, model_file, cache)``: its config completed, before anything loads, with
+    what is kept for the target's model file (its name) in llamaspec's cache (heads trained for
+    it). ``hidden``: it reads the target's hidden states (``Outcome.hidden``): the target's
+    decodes output them where it runs.
     ``alone_flag``: ``--NAME`` on the command line (``NAME=True`` in Python) runs it alone (with
     the draft model when one is given); ``fixed_flag``: ``--NAME-fixed`` verifies it whole.
     """
@@ -176,6 +182,8 @@ class Plugin:
     joins: Optional[str] = None
     reads_references: bool = False
     room: Optional[Callable[[Any, int, int, int, bool], Scratch]] = None
+    beside: Optional[Callable[[Any, str, Path], Any]] = None
+    hidden: bool = False
     alone_flag: bool = False
     fixed_flag: bool = False
 
@@ -183,6 +191,8 @@ class Plugin:
         """Its config with the options ``values`` (by keyword) sets; a config object given
         under its name starts it. ConfigError for a value its config refuses."""
         base = values.get(self.name)
+        if any(o.keyword == self.name for o in self.options) and not isinstance(base, type(self.config)):
+            base = None  # NAME= is an option of its own (heads=FILE), not the whole config
         config = base if base is not None and base is not True and base is not False else self.config
         if config is None:
             return None

@@ -24,11 +24,12 @@ SAMPLED = SamplingConfig(temperature=0.8)
 
 
 @pytest.fixture(scope="module")
-def offers(tmp_path_factory):
+def offers(tmp_path_factory, smol_heads):
     """What a source may load, given to every one: a draft model (SmolLM2 as its own), an n-gram
-    cache file (dynamic: it learns from the first generation), a reference document."""
+    cache file (dynamic: it learns from the first generation), draft heads trained for SmolLM2, a
+    reference document."""
     return {"draft": True, "settings": {"lookup_cache_dynamic": str(tmp_path_factory.mktemp("cache") / "dyn.bin"),
-                                        "draft_max": 4}}
+                                        "draft_max": 4, "heads": str(smol_heads)}}
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_each_source_alone_keeps_the_target_s_text_and_the_caches_exact(module_s
 def test_every_built_in_source_is_checked_here():
     """Every source runs with what the test offers: none needs something it does not give."""
     from llamaspec import ModelConfig
-    configs = REGISTRY.configs({"lookup_cache_dynamic": "dyn.bin"})
+    configs = REGISTRY.configs({"lookup_cache_dynamic": "dyn.bin", "heads": "smol.heads.npz"})
     for p in REGISTRY.plugins:
         assert p.load is None or p.loads_from(configs[p.name], ModelConfig(SMOL)), \
             f"{p.name} loads something the test does not offer: give it in offers()"

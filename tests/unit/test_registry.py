@@ -21,7 +21,7 @@ from conftest import ANSWERS
 
 
 REGISTRY = default_registry()
-EVERYTHING = frozenset({"draft", "cache"})  # the sources with something to load, all given it
+EVERYTHING = frozenset({"draft", "cache", "heads"})  # the sources with something to load, all given it
 GREEDY = SamplingConfig(temperature=0)
 
 
@@ -29,12 +29,13 @@ def test_what_each_spec_runs_given_what_is_loaded():
     resolve = REGISTRY.resolve
     # consensus runs where samples are, the grammar where a request has one
     assert resolve(SpecConfig(), frozenset()) == {"lookup", "lookahead", "consensus", "grammar"}
-    assert resolve(SpecConfig(), EVERYTHING) == {"lookup", "cache", "lookahead", "draft", "consensus", "grammar"}
+    assert resolve(SpecConfig(), EVERYTHING) == {"lookup", "cache", "lookahead", "heads", "draft", "consensus",
+                                                 "grammar"}
     assert resolve(SpecConfig.parse("lookup"), EVERYTHING) == {"lookup", "cache"}  # the cache files join lookup
     assert resolve(SpecConfig.parse("lookup"), frozenset()) == {"lookup"}
     assert resolve(SpecConfig.parse("none"), EVERYTHING) == frozenset()
     for spec, fragment in [("turbo", "unknown draft source 'turbo'; choose from auto, none or lookup, cache, "
-                                     "lookahead, draft, consensus, grammar"),
+                                     "lookahead, heads, draft, consensus, grammar"),
                            ("draft", "the draft source needs a draft model"),
                            ("cache", "the cache source needs an n-gram cache file")]:
         with pytest.raises(ConfigError, match=fragment):
@@ -64,7 +65,7 @@ def with_caches(caches: NgramCaches) -> dict:
 
 def test_every_source_is_built_where_its_needs_are_met():
     setups = with_caches(NgramCaches(1, 2, NgramCache(), NgramCache()))
-    everyone = frozenset(REGISTRY.names) - {"draft"}
+    everyone = frozenset(REGISTRY.names) - {"draft", "heads"}  # (built on a model: test_heads, test_sources)
     alone = REGISTRY.build(everyone, setups)
     assert [s.name for s in alone] == ["lookup", "cache", "lookahead"]
     lane = REGISTRY.build(everyone, setups, TextContext(group=Group(2, 3), sample=1))
@@ -105,7 +106,7 @@ them) all have one. (The grammar's keys, which need a model's vocabulary: test_g
         setups = with_caches(NgramCaches(1, 2, NgramCache(), dynamic))
         text = TextContext(group=group, sample=1)
         for plugin in REGISTRY.plugins:
-            if plugin.name in ("draft", "grammar"):
+            if plugin.name in ("draft", "grammar", "heads"):  # (heads' keys: tests/unit/test_heads.py)
                 continue
             source = plugin.build(setups[plugin.name], text)
             keys = keys_given(source, prompt, answer, windows=True)

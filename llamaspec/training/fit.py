@@ -1,0 +1,202 @@
+"""Draft heads fitted to the target's states with numpy (Medusa-1: the target frozen, only the
+heads' residual blocks trained).
+
+For head k, a batch of rows h (B, d) and the target's tokens k places ahead y (B,), mapped into
+the N tokens of the map::
+
+    a = h W_k^T + b_k          z = h + SiLU(a)          l = z E_N^T  (B, N)
+    loss = mean(-log softmax(l)[y])
+    dl = (softmax(l) - onehot(y)) / B     dz = dl E_N     da = dz * SiLU'(a)
+    dW_k = da^T h                         db_k = sum(da)
+
+W_k and b_k start at zero (each head then guesses as the target's own output matrix does) and
+are moved by Adam. Rows whose token k places ahead is outside the map are not trained on (and
+count as misses in the held-out agreement).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+
+from ..config import check
+from ..sources.heads import MAX_HEADS, Heads, silu
+from .data import States
+
+COVERAGE = 0.95  # the map's default size: the fewest tokens that make this share of the target's
+MIN_TOKENS, MAX_TOKENS = 1024, 8192
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``heads``: K; ``n_tokens``: the map's size (0: the fewest covering COVERAGE of the target's
+    tokens on the training text, between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
+    training rows; ``batch`` rows a step; ``lr`` Adam's step size; ``seed``; ``held_out``: the
+    share of the pieces of text kept aside to measure the heads on."""
+
+    heads: int = 3
+    n_tokens: int = 0
+    epochs: float = 2.0
+    batch: int = 256
+    lr: float = 1e-3
+    seed: int = 0
+    held_out: float = 0.1
+
+    def __post_init__(self) -> None:
+        check(1 <= self.heads <= MAX_HEADS, f"heads must be 1 to {MAX_HEADS}, got {self.heads}")
+        check(self.n_tokens >= 0, f"the token map's size must be >= 0 (0: chosen), got {self.n_tokens}")
+        check(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
+        check(self.batch >= 1, f"batch must be >= 1, got {self.batch}")
+        check(self.lr > 0, f"the learning rate must be > 0, got {self.lr}")
+        check(0 <= self.held_out < 1, f"the held-out share must be in [0, 1), got {self.held_out}")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a training run did and how the heads do on the held-out text: ``top1[k-1]`` and
+    ``top5[k-1]``, how often head k's best token (one of its best five) is the target's token k
+    places ahead; ``base_top1``: the same for the untrained heads (the target's own output
+    matrix on its hidden state)."""
+
+    rows: int
+    held_out_rows: int
+    n_tokens: int
+    coverage: float
+    steps: int
+    interrupted: bool
+    seconds: float
+    top1: Tuple[float, ...]
+    top5: Tuple[float, ...]
+    base_top1: Tuple[float, ...]
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+def token_map(labels: np.ndarray, n_tokens: int, n_vocab: int) -> Tuple[np.ndarray, float]:
+    """The N most frequent of the target's tokens (N = ``n_tokens``, or chosen by COVERAGE) and the
+    share of ``labels`` they cover."""
+    counts = np.bincount(labels, minlength=n_vocab)
+    order = np.argsort(-counts, kind="stable")
+    if n_tokens == 0:
+        covered = np.cumsum(counts[order]) / max(1, counts.sum())
+        n_tokens = int(np.clip(np.searchsorted(covered, COVERAGE) + 1, MIN_TOKENS, MAX_TOKENS))
+    tokens = np.sort(order[:min(n_tokens, n_vocab)])
+    return tokens, float(counts[tokens].sum() / max(1, counts.sum()))
+
+
+def split(states: States, share: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Rows to train on and rows held out: whole pieces of text, ``share`` of them, chosen by ``seed``."""
+    pieces = np.unique(states.piece)
+    rng = np.random.default_rng(seed)
+    held = rng.permutation(pieces)[:int(round(share * len(pieces)))] if share > 0 else pieces[:0]
+    out = np.isin(states.piece, held)
+    return np.flatnonzero(~out), np.flatnonzero(out)
+
+
+class Adam:
+    def __init__(self, shapes: List[Tuple[int, ...]], lr: float) -> None:
+        self.lr, self.t = lr, 0
+        self.m = [np.zeros(s, np.float32) for s in shapes]
+        self.v = [np.zeros(s, np.float32) for s in shapes]
+
+    def step(self, params: List[np.ndarray], grads: List[np.ndarray], b1: float = 0.9, b2: float = 0.999) -> None:
+        self.t += 1
+        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            p -= self.lr * (m / c1) / (np.sqrt(v / c2) + 1e-8)
+
+
+def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: np.ndarray
+              ) -> Tuple[float, np.ndarray, np.ndarray]:
+    """One head's loss on a batch and its gradients (dW, db); ``y`` indexes the map."""
+    a = h @ w.T + b
+    s = 1.0 / (1.0 + np.exp(-a))
+    z = h + a * s
+    logits = z @ out.T
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(axis=1, keepdims=True)
+    n = len(y)
+    loss = float(-np.log(p[np.arange(n), y] + 1e-30).mean())
+    p[np.arange(n), y] -= 1.0
+    p /= n
+    dz = p @ out
+    da = dz * (s * (1.0 + a * (1.0 - s)))
+    return loss, da.T @ h, da.sum(axis=0)
+
+
+def agreement(heads: Heads, states: States, rows: np.ndarray, chunk: int = 512) -> Tuple[List[float], List[float]]:
+    """Each head's top-1 and top-5 agreement with the target's token k places ahead on ``rows``."""
+    assert heads.out is not None
+    top1, top5 = [], []
+    for k in range(1, heads.k + 1):
+        idx, labels = states.ahead(k, rows)
+        hit1 = hit5 = 0
+        for start in range(0, len(idx), chunk):
+            h = states.hidden[idx[start:start + chunk]]
+            a = h @ heads.w[k - 1].T + heads.b[k - 1]
+            logits = (h + silu(a)) @ heads.out.T
+            best = heads.tokens[np.argpartition(logits, -5, axis=1)[:, -5:]] if logits.shape[1] >= 5 else \
+                heads.tokens[np.argsort(logits, axis=1)]
+            first = heads.tokens[logits.argmax(axis=1)]
+            y = labels[start:start + chunk]
+            hit1 += int((first == y).sum())
+            hit5 += int((best == y[:, None]).any(axis=1).sum())
+        top1.append(hit1 / max(1, len(idx)))
+        top5.append(hit5 / max(1, len(idx)))
+    return top1, top5
+
+
+def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndarray], config: TrainConfig,
+          meta: Dict[str, Any], progress: Callable[[int, int, float], None] = lambda step, steps, loss: None
+          ) -> Tuple[Heads, Report]:
+    """Heads fitted to ``states`` (``out_rows(tokens)``: the output matrix's rows for the map).
+    A Ctrl-C stops the training and keeps the heads as they are (``Report.interrupted``)."""
+    t0 = time.perf_counter()
+    d = states.hidden.shape[1]
+    train_rows, held_rows = split(states, config.held_out, config.seed)
+    tokens, coverage = token_map(states.labels[train_rows], config.n_tokens, n_vocab)
+    index = np.full(n_vocab, -1, np.int64)
+    index[tokens] = np.arange(len(tokens))
+    heads = Heads(np.zeros((config.heads, d, d), np.float32), np.zeros((config.heads, d), np.float32), tokens,
+                  dict(meta), np.asarray(out_rows(tokens), np.float32))
+    base1, _ = agreement(heads, states, held_rows)
+    examples = []
+    for k in range(1, config.heads + 1):
+        rows, labels = states.ahead(k, train_rows)
+        keep = index[labels] >= 0
+        examples.append((rows[keep], index[labels[keep]]))
+    n_rows = max((len(r) for r, _ in examples), default=0)
+    steps = int(np.ceil(config.epochs * n_rows / config.batch)) if n_rows else 0
+    rng = np.random.default_rng(config.seed)
+    adam = Adam([heads.w.shape[1:], heads.b.shape[1:]] * config.heads, config.lr)
+    done, interrupted = 0, False
+    try:
+        for step in range(steps):
+            params, grads, losses = [], [], []
+            for k, (rows, labels) in enumerate(examples):
+                pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
+                loss, dw, db = head_step(heads.w[k], heads.b[k], heads.out, states.hidden[rows[pick]], labels[pick])
+                params += [heads.w[k], heads.b[k]]
+                grads += [dw, db]
+                losses.append(loss)
+            adam.step(params, grads)
+            done = step + 1
+            progress(done, steps, float(np.mean(losses)))
+    except KeyboardInterrupt:
+        interrupted = True
+    top1, top5 = agreement(heads, states, held_rows)
+    report = Report(rows=len(train_rows), held_out_rows=len(held_rows), n_tokens=len(tokens), coverage=coverage,
+                    steps=done, interrupted=interrupted, seconds=time.perf_counter() - t0, top1=tuple(top1),
+                    top5=tuple(top5), base_top1=tuple(base1))
+    heads.meta.update(n_tokens=len(tokens), heads=config.heads, report=report.as_dict(),
+                      settings={k: v for k, v in config.__dict__.items()})
+    return heads, report

@@ -1,0 +1,61 @@
+"""``llamaspec heads train`` as a function: the target read on a text, heads fitted, the file written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+from tqdm import tqdm
+
+from ..config import default_threads
+from ..errors import ConfigError
+from ..llama import models
+from ..llama.binding import Model
+from ..sources.heads import FORMAT, cached_path, output_rows, sha256_of
+from .data import collect, default_texts, file_texts
+from .fit import Report, TrainConfig, train
+
+TOKENS = 32768  # rows of the default training text
+ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
+
+
+def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = TrainConfig(),
+                output: Optional[Path] = None, tokens: int = TOKENS, answer_tokens: int = ANSWER_TOKENS,
+                threads: Optional[int] = None, cache_dir: Optional[Path] = None, progress: bool = True
+                ) -> Tuple[Path, Report]:
+    """Heads for ``model`` trained on ``files`` (default: the mix of training/data.py), written to
+    ``output`` (default: where they are found without --heads, training.run's ``cached_path``).
+    Returns the file and the training's report. Ctrl-C while the text is read trains on what
+    was read; while training, keeps the heads as they are."""
+    if tokens < 64:
+        raise ConfigError(f"training needs at least 64 tokens of text, got {tokens}")
+    for f in files:
+        if not Path(f).is_file():
+            raise ConfigError(f"no such training file: {f}")
+    path = models.resolve_model(model, cache_dir, progress)
+    out = Path(output) if output is not None else cached_path(path, models.cache_dir(cache_dir))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    target = Model(path)
+    try:
+        ctx = target.context(2048, threads or default_threads(), 512, 1)
+        try:
+            pieces = file_texts(files) if files else default_texts(config.seed)
+            with tqdm(total=tokens, desc="reading the target's states", unit="tok", disable=not progress,
+                      leave=False) as bar:
+                states, cut = collect(target, ctx, pieces, tokens, answer_tokens, bar.update)
+        finally:
+            ctx.close()
+        if len(states) < 64:
+            raise ConfigError(f"the training text gave {len(states)} tokens; heads need at least 64")
+        meta = {"format": FORMAT, "model": path.name, "sha256": sha256_of(path), "n_vocab": target.n_vocab,
+                "n_embd": target.n_embd, "text": [str(f) for f in files] or "default mix", "cut_short": cut}
+        with tqdm(total=1, desc="training heads", unit="step", disable=not progress, leave=False) as bar:
+            def step(done: int, steps: int, loss: float) -> None:
+                bar.total = steps
+                bar.update(done - bar.n)
+                bar.set_postfix(loss=f"{loss:.3f}")
+            heads, report = train(states, target.n_vocab, lambda t: output_rows(path, t), config, meta, step)
+        heads.save(out)
+        return out, report
+    finally:
+        target.close()

@@ -1,0 +1,79 @@
+"""Draft heads on a real model: `llamaspec heads train` as a user runs it, heads found beside the
+model without --heads, the target's hidden states reproducing its logits, and heads refused for
+another model. (Greedy equality and the KV invariant: tests/real/test_sources.py, as for every
+source.)"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import llamaspec
+from llamaspec.llama.binding import Model
+from llamaspec.sources.heads import Heads, HeadsError, cached_path, output_rows
+
+from conftest import ROOT, SMOL, THREADS, chatml
+
+
+def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file, tmp_path):
+    """Trained into a cache directory by default, the heads are found there for that model with no
+    flag (auto runs them), and their report says how each head does on held-out text."""
+    model = tmp_path / "models" / "smol.gguf"
+    model.parent.mkdir()
+    shutil.copy(model_file(SMOL), model)
+    cache = tmp_path / "cache"
+    run = subprocess.run([sys.executable, "-m", "llamaspec", "heads", "train", "-m", str(model), "-f",
+                          str(ROOT / "README.md"), "--tokens", "1024", "--heads", "2", "--cache-dir", str(cache),
+                          "-t", str(THREADS)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    where = cached_path(model, cache)
+    assert where.is_file() and str(where) in run.stderr
+    assert "head 1: top-1" in run.stderr and "head 2: top-1" in run.stderr
+    heads = Heads.read(where)
+    assert heads.k == 2 and heads.meta["model"] == "smol.gguf" and 0 <= heads.meta["report"]["top1"][0] <= 1
+    spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
+    try:
+        assert "heads" in spec._parts.names
+        r = spec.generate(chatml("Write a Python function that adds two numbers."), max_tokens=24, temperature=0)
+        assert r.stats.sources["heads"].drafted > 0
+    finally:
+        spec.close()
+
+
+def test_the_hidden_state_times_the_output_matrix_is_the_logits(model_file):
+    path = model_file(SMOL)
+    model = Model(path)
+    ctx = model.context(512, THREADS, 64, 1)
+    try:
+        tokens = model.tokenize("def add(a, b):\n    return", add_special=True)
+        ctx.decode_rows([(t, i, (0,), i >= len(tokens) - 2) for i, t in enumerate(tokens)], hidden=True)
+        hidden, logits = np.array(ctx.hidden(2)), np.array(ctx.logits(2))
+        ctx.seq_rm(0, -1, -1)
+        ctx.decode_rows([(t, i, (0,), i >= len(tokens) - 2) for i, t in enumerate(tokens)])
+        assert np.array_equal(np.array(ctx.logits(2)), logits)  # hidden states change no logit
+        again = hidden @ output_rows(path, np.arange(model.n_vocab)).T
+        for row in range(2):
+            assert np.corrcoef(again[row], logits[row])[0, 1] > 0.999
+            assert again[row].argmax() == logits[row].argmax()
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
+    other = smol_quant("Q2_K")
+    with pytest.raises(HeadsError, match="trained for .* not smol.Q2_K.gguf") as e:
+        llamaspec.load(str(other), spec="heads", heads=str(smol_heads), n_threads=THREADS, progress=False)
+    assert "\n" not in str(e.value)
+    cut = tmp_path / "cut.heads.npz"
+    cut.write_bytes(smol_heads.read_bytes()[:1000])
+    run = subprocess.run([sys.executable, "-m", "llamaspec", "generate", "-m", str(other), "--heads", str(cut),
+                          "-p", "hi", "-n", "4"], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "cut short" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    none = subprocess.run([sys.executable, "-m", "llamaspec", "generate", "-m", str(other), "--spec", "heads",
+                           "-p", "hi", "-n", "4"], capture_output=True, text=True, timeout=300)
+    assert none.returncode != 0 and "needs a heads file" in none.stderr
