@@ -18,8 +18,8 @@ speed-ups are over plain decoding, which costs one unit per further token.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, DefaultDict, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, DefaultDict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -55,19 +55,23 @@ class ReplayStats(DraftCounts):
 
 
 def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"),
-               vocab: Optional["Vocabulary"] = None, model: Optional[AcceptanceModel] = None) -> Speculator:
-    """The sources a replay can run (``sources`` of lookup and lookahead; lookup compares text
-    when given the ``vocab``) with a fresh acceptance model (or ``model``) and a planner on
-    ``curve``; candidates end at the vocab's end-of-generation tokens."""
+               vocab: Optional["Vocabulary"] = None, model: Optional[AcceptanceModel] = None,
+               loaded: Optional[Mapping[str, Any]] = None) -> Speculator:
+    """The sources a replay can run (``sources`` of lookup and lookahead, and the heads given
+    what their plugin loaded in ``loaded``; lookup compares text when given the ``vocab``) with a
+    fresh acceptance model (or ``model``) and a planner on ``curve``; candidates end at the
+    vocab's end-of-generation tokens."""
     registry = default_registry()
-    built = registry.build(frozenset(sources), registry.setups(piece=vocab.piece if vocab is not None else None))
+    setups = registry.setups(piece=vocab.piece if vocab is not None else None)
+    setups = {n: replace(s, loaded=(loaded or {}).get(n)) for n, s in setups.items()}
+    built = registry.build(frozenset(sources), setups)
     return Speculator(built, model if model is not None else AcceptanceModel(), Planner(CostModel(curve)),
                       vocab.eog_tokens if vocab is not None else frozenset())
 
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
            max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False,
-           ask_cost: float = 0.0) -> ReplayStats:
+           ask_cost: float = 0.0, hidden: Optional[np.ndarray] = None) -> ReplayStats:
     """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
     ``prompt``; charge each step the planner's cost of verifying its batch, and each step that
     asked the sources ``ask_cost`` more (llamaspec's own time for asking and planning, in
@@ -76,7 +80,10 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     ``perfect``: plan with acceptance estimates that know the answer (1 for a candidate token
     on the answer's path, 0 elsewhere) instead of the acceptance model's. What the planner then
     reaches, against the copy oracle's bound, splits the gap to the bound in two: what better
-    estimates could win, and what the candidates and the per-step planning leave."""
+    estimates could win, and what the candidates and the per-step planning leave.
+
+    ``hidden[j]``: the target's hidden state at the row that chose ``answer[j]`` (recorded with
+    the answer: training.data.answer), for the sources that read them (draft heads)."""
     stats = ReplayStats()
     if not answer:
         return stats
@@ -100,7 +107,8 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
         speculator.learn(Outcome(tokens=tokens, candidates=plan.candidates, verified=plan.lengths,
                                  emitted=tuple(emitted), path_sources=path_sources, cost=plan.choice.cost, estimated=plan.choice.estimated,
-                                 seconds=ask_seconds if plan.asked else 0.0))
+                                 seconds=ask_seconds if plan.asked else 0.0,
+                                 hidden=hidden[pos - 1] if hidden is not None else None))
         stats.n_tokens += len(emitted)
         stats.n_steps += 1
         stats.n_asked += plan.asked

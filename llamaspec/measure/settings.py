@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..llama import models
 from ..llama.pool import ModelPool
 from ..api import LlamaSpec
 from ..config import ModelConfig, SamplingConfig, SpecConfig
@@ -65,6 +66,16 @@ class BenchSettings:
         """A source's setting: as given, else its default."""
         return self.sources.get(keyword, default_registry().options()[keyword][1])
 
+    def gives(self, name: str) -> bool:
+        """Whether source ``name`` has what it loads: a file the settings name, or one the cache
+        keeps for the target (heads trained for it)."""
+        registry = default_registry()
+        plugin, config = registry[name], registry.configs(self.sources)[name]
+        model_file = models.file_name(self.model)
+        if plugin.beside is not None and model_file is not None:
+            config = plugin.beside(config, model_file, models.cache_dir())
+        return plugin.loads_from(config, self.draft_model_config())
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -72,6 +83,7 @@ class Strategy:
 
     description: str
     spec: SpecConfig
+    loads_file: bool = False  # its source loads a file the settings give (a heads file)
 
     @property
     def needs_draft(self) -> bool:
@@ -79,14 +91,19 @@ class Strategy:
 
 
 def _strategies() -> Dict[str, Strategy]:
-    """Plain, each source that runs alone here (on the models a bench takes: no cache files,
-    siblings or grammar), the draft model verified whole, and auto."""
+    """Plain, each source that runs alone here (on the models a bench takes, or a file of its
+    own such as a heads file; not the n-gram caches, siblings or a grammar), the draft model
+    verified whole, and auto."""
     registry = default_registry()
+    on_draft = registry.on_draft_model()
+
+    def file_of_its_own(p: Any) -> bool:
+        return p.load is not None and p.name not in on_draft and any(o.path for o in p.options)
     alone = [p for p in registry.plugins if not p.needs and p.joins is None
-             and (p.load is None or p.name in registry.on_draft_model())]
+             and (p.load is None or p.name in on_draft or file_of_its_own(p))]
     return {
         "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
-        **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name}))) for p in alone},
+        **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name})), file_of_its_own(p)) for p in alone},
         **{f"{name}-fixed": Strategy(f"the {name} source every step, verified whole (llama-speculative-simple's "
                                      f"way)", SpecConfig(frozenset({name}), frozenset({name})))
            for name in registry.on_draft_model()},
@@ -98,8 +115,9 @@ STRATEGIES = _strategies()
 
 
 def default_strategies(settings: BenchSettings) -> List[str]:
-    """Plain, each single source the given models allow, and auto."""
-    return [name for name, s in STRATEGIES.items() if (settings.draft_model or not s.needs_draft) and not s.spec.fixed]
+    """Plain, each single source the given models (and files) allow, and auto."""
+    return [name for name, s in STRATEGIES.items() if (settings.draft_model or not s.needs_draft) and not s.spec.fixed
+            and (not s.loads_file or settings.gives(name))]
 
 
 def check_strategies(names: Sequence[str], settings: BenchSettings) -> None:
@@ -109,6 +127,8 @@ def check_strategies(names: Sequence[str], settings: BenchSettings) -> None:
             raise ConfigError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
         if STRATEGIES[name].needs_draft and not settings.draft_model:
             raise ConfigError(f"strategy {name!r} needs a draft model (-md)")
+        if STRATEGIES[name].loads_file and not settings.gives(name):
+            raise ConfigError(f"strategy {name!r} needs {default_registry()[name].loads}")
 
 
 def build_spec(name: str, settings: BenchSettings, cache_dir: Optional[Path] = None,

@@ -1,0 +1,72 @@
+"""Replay answers of the target through draft heads (and lookup and lookahead) on a cost curve:
+what the heads would gain where a batch of n rows costs what the curve says, such as the H200's
+recorded in tests/data, with no GPU at hand.
+
+    python scripts/heads_replay.py -m smollm2-135m-instruct --curve tests/data/gpu_curve.json -n 256
+
+For each prompt of the bench suite named, the target's greedy answer is decoded here with its
+hidden states (plain decoding), then replayed (llamaspec.measure.replay) through each set of
+sources on the curve. Each replay is charged the host's own time per step (asking the sources
+and planning, as measured here in the replay, in units of the curve's single decode), since on a
+GPU that time counts as much as the decodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import llamaspec
+from llamaspec.llama import models
+from llamaspec.llama.binding import Model
+from llamaspec.llama.chat import ChatTemplate
+from llamaspec.measure.replay import replay, speculator
+from llamaspec.planning.costs import CostCurve
+from llamaspec.sources.heads import Heads, cached_path, output_rows
+from llamaspec.training.data import answer
+
+SETS = (("lookup", "lookahead"), ("heads",), ("lookup", "lookahead", "heads"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=models.default_pair()[0])
+    ap.add_argument("--heads", type=Path, default=None, help="heads file [default: the cached one]")
+    ap.add_argument("--curve", type=Path, required=True, help="a JSON file with a cost curve under 'curve'")
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--prompts", default="open_chat,long_answer")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+    path = models.resolve_model(args.model)
+    model = Model(path)
+    file = args.heads or cached_path(path, models.cache_dir())
+    heads = Heads.read(file)
+    heads.check_model(path, model.n_vocab, model.n_embd, file)
+    heads.out = output_rows(path, heads.tokens)
+    curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
+    suite = {p["name"]: p for p in json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json")
+                                             .read_text())}
+    ctx = model.context(4096, args.threads, 512, 1)
+    template = ChatTemplate(model)
+    print(f"{path.name}, heads {file.name}, curve {args.curve} ({curve.ms_per_token:.2f} ms a decode)")
+    for name in args.prompts.split(","):
+        item = suite[name]
+        text = template.render([{"role": "system", "content": item["system"]}, {"role": "user", "content": item["user"]}])
+        prompt = model.tokenize(text, add_special=False, parse_special=True)
+        states = answer(ctx, model, prompt, args.n, 0)
+        tokens, hidden = [int(t) for t in states.labels], states.hidden
+        for sources in SETS:
+            t0 = time.perf_counter()
+            free = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": heads}), hidden=hidden)
+            host = (time.perf_counter() - t0) * 1000 / max(1, free.n_steps) / curve.ms_per_token
+            charged = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": heads}),
+                             ask_cost=host, hidden=hidden)
+            print(f"{name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time, "
+                  f"{charged.speedup:.2f}x after it ({host:.2f} decodes a step); accepted "
+                  f"{charged.n_accept}/{charged.n_drafted}")
+
+
+if __name__ == "__main__":
+    main()
