@@ -29,6 +29,7 @@ n-gram caches) is asked after them, so that what it finds goes on past the lead:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -100,6 +101,10 @@ class Speculator:
         self.planner = planner
         self.ends = ends
         self.gate = Gate()
+        # a source whose proposing takes time of its own (Source.own_gate) is asked only while
+        # the tokens of its accepted in the steps that asked it repay that time
+        self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
+        self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
 
     @property
     def costs(self) -> CostModel:
@@ -139,10 +144,15 @@ class Speculator:
         budget = Budget(limits.max_depth, MAX_CANDIDATES)
         lead = constraint.forced()[:limits.max_depth - 1] if constraint is not None and limits.max_depth > 1 else []
         expensive = [source for source in self.sources if source.expensive] if limits.max_depth > 0 else []
+        self._own_seconds = {}
         if limits.max_depth > 0:
             for source in self.sources:
                 if source.expensive:
                     continue
+                own = self.own_gates.get(source.name)
+                if own is not None and not own.ask(0.0):
+                    continue
+                t0 = time.perf_counter()
                 if lead and source.past_forced:
                     proposal = source.propose(list(tokens) + lead, replace(budget, max_len=budget.max_len - len(lead)),
                                               sampling, rng)
@@ -150,6 +160,8 @@ class Speculator:
                 else:
                     proposal = source.propose(tokens, budget, sampling, rng)
                     proposed = list(proposal.candidates)
+                if own is not None:
+                    self._own_seconds[source.name] = time.perf_counter() - t0
                 candidates += [c for c in map(admit, proposed) if c is not None]
                 window = proposal.window or window
         if window is not None and max(row[1] for row in window.rows) > limits.room:
@@ -201,6 +213,12 @@ class Speculator:
         n = len(outcome.emitted)
         foresaw = any(c.tokens[:n] == outcome.emitted for c in outcome.candidates)
         self.gate.learn(outcome.n_accepted, outcome.cost, asking, foresaw)
+        for name, seconds in self._own_seconds.items():
+            accepted = sum(1 for sources in outcome.path_sources if name in sources)
+            mine = [c for c in outcome.candidates if c.source == name]
+            own = self.costs.units(seconds, len(outcome.tokens)) if self.costs.timed else 0.0
+            self.own_gates[name].learn(accepted, 0.0, own, any(c.tokens[:n] == outcome.emitted for c in mine))
+        self._own_seconds = {}
         for source in self.sources:
             source.learn(outcome)
 

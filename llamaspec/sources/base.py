@@ -169,13 +169,16 @@ class Source:
     ``drafting``, which the engine runs for every lane at once. ``past_forced``: it
     reads nothing but the tokens it is given, so where the text's grammar forces the next tokens
     the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
-    before its candidates (evidence ``FORCED``, which its plugin gives a prior).
+    before its candidates (evidence ``FORCED``, which its plugin gives a prior). ``own_gate``:
+    its proposing takes time of its own (draft heads' products), so it is asked only while the
+    tokens it gets accepted repay that time, measured (``planning/gate.py``, one gate of its own).
     """
 
     name: str = ""
     max_len: int = 0
     expensive: bool = False
     past_forced: bool = False
+    own_gate: bool = False
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:

@@ -221,6 +221,7 @@ class HeadsSource(Source):
     (the last outcome's; nothing before the first step or after a text the engine changed)."""
 
     name = NAME
+    own_gate = True  # its products cost time of their own: asked while what it brings repays them
 
     def __init__(self, heads: Heads, max_nodes: int) -> None:
         self.heads, self.max_nodes = heads, max_nodes

@@ -39,7 +39,7 @@ class TrainConfig:
 
     heads: int = 3
     n_tokens: int = 0
-    epochs: float = 2.0
+    epochs: float = 3.0
     batch: int = 256
     lr: float = 1e-3
     seed: int = 0

@@ -15,7 +15,7 @@ from ..sources.heads import FORMAT, cached_path, output_rows, sha256_of
 from .data import collect, default_texts, file_texts
 from .fit import Report, TrainConfig, train
 
-TOKENS = 32768  # rows of the default training text
+TOKENS = 65536  # rows of the default training text
 ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
 
 

@@ -9,9 +9,13 @@ from scipy.stats import chisquare
 
 from llamaspec.config import SamplingConfig
 from llamaspec.engine.acceptance import walk_sampled
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.planning.costs import CostCurve, CostModel
+from llamaspec.planning.planner import Limits, Planner
+from llamaspec.planning.speculator import Speculator
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
-from llamaspec.sources.base import Budget, Outcome
+from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
 from llamaspec.training.fit import head_step, token_map, TrainConfig, train
 from llamaspec.training.data import States
@@ -166,3 +170,47 @@ def test_sampling_through_the_heads_tree_keeps_the_target_s_distribution():
     assert chisquare(observed, expected).pvalue > 1e-3
     wrong = observed.copy()  # the check can fail: the best candidate's tokens always taken
     assert chisquare(np.roll(wrong, 1), expected).pvalue < 1e-3
+
+
+class Slow(HeadsSource):
+    """A source with a gate of its own whose proposing takes ``ms`` and whose candidate is
+    accepted or not."""
+
+    name = "heads"
+
+    def __init__(self, ms: float, right: bool) -> None:
+        self.ms, self.right, self.max_len = ms, right, 1
+
+    def propose(self, tokens, budget, sampling, rng):
+        import time
+        end = time.perf_counter() + self.ms / 1000
+        while time.perf_counter() < end:
+            pass
+        token = len(tokens) if self.right else -1
+        return Proposal((Candidate((token,), "heads", (Guess(1, 9),)),))
+
+    def learn(self, outcome):
+        pass
+
+
+def asked_share(source: Slow, steps: int = 120) -> float:
+    """How often the speculator asks ``source`` over ``steps`` steps of a text whose next token is
+    its length, on a timed curve where a decode of n rows costs n single ones of 1 ms."""
+    curve = CostCurve(relative=[float(n) for n in range(1, 33)], ms_per_token=1.0, threads=1, backend="test")
+    sp = Speculator([source], AcceptanceModel(), Planner(CostModel(curve)))
+    tokens, rng, asked = [0], np.random.default_rng(0), 0
+    for _ in range(steps):
+        plan = sp.plan(tokens, Limits(max_depth=4, max_rows=8, room=100), SamplingConfig(temperature=0), rng)
+        asked += any(c.source == "heads" for c in plan.candidates)
+        verified = bool(plan.lengths) and plan.lengths[0] > 0
+        emitted = (len(tokens), len(tokens) + 1) if verified and source.right else (len(tokens),)
+        tokens = tokens + list(emitted)
+        path = tuple(("heads",) for _ in emitted[:-1])
+        sp.learn(Outcome(tokens=tokens, candidates=plan.candidates, verified=plan.lengths, emitted=emitted,
+                         path_sources=path, cost=plan.choice.cost, estimated=plan.choice.estimated))
+    return asked / steps
+
+
+def test_a_source_with_a_gate_of_its_own_is_asked_while_it_repays_its_time():
+    assert asked_share(Slow(3.0, right=False)) < 0.3  # 3 decodes of time a step for nothing
+    assert asked_share(Slow(0.2, right=True)) > 0.9  # a token a step for a fifth of a decode
