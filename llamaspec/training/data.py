@@ -37,14 +37,29 @@ class Piece:
     name: str = ""
 
 
+TOP = 8  # the target's most likely tokens kept per row, with their probabilities
+
+
+def best(logits: np.ndarray, k: int = TOP) -> Tuple[np.ndarray, np.ndarray]:
+    """Each row's ``k`` most likely tokens (n, k) and their probabilities under the row's softmax."""
+    ids = np.argpartition(logits, -k, axis=1)[:, -k:]
+    top = np.take_along_axis(logits, ids, axis=1)
+    m = logits.max(axis=1, keepdims=True)
+    log_z = m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+    return ids.astype(np.int64), np.exp(top - log_z).astype(np.float32)
+
+
 @dataclass
 class States:
-    """Rows of hidden states (n, d) with the target's token after each (n,) and the piece each
-    row belongs to (n,)."""
+    """Rows of hidden states (n, d) with the target's token after each (n,), the piece each row
+    belongs to (n,), and the target's TOP most likely tokens and their probabilities at each
+    row (n, TOP): its distribution there, a richer label than its choice (self-distillation)."""
 
     hidden: np.ndarray
     labels: np.ndarray
     piece: np.ndarray
+    top: np.ndarray
+    top_p: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -59,9 +74,10 @@ class States:
     @staticmethod
     def joined(parts: Sequence["States"], d: int) -> "States":
         if not parts:
-            return States(np.zeros((0, d), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
-        return States(np.concatenate([p.hidden for p in parts]), np.concatenate([p.labels for p in parts]),
-                      np.concatenate([p.piece for p in parts]))
+            return States(np.zeros((0, d), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                          np.zeros((0, TOP), np.int64), np.zeros((0, TOP), np.float32))
+        return States(*(np.concatenate([getattr(p, f) for p in parts])
+                        for f in ("hidden", "labels", "piece", "top", "top_p")))
 
 
 def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
@@ -73,8 +89,9 @@ def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
         ctx.seq_rm(0, -1, -1)
         ctx.decode_rows([(t, i, (0,), True) for i, t in enumerate(window)], hidden=True)
         n = len(window)
-        parts.append(States(np.array(ctx.hidden(n)), ctx.logits(n).argmax(axis=1),
-                            np.full(n, piece * 1_000_000 + start)))
+        logits = ctx.logits(n)
+        parts.append(States(np.array(ctx.hidden(n)), logits.argmax(axis=1), np.full(n, piece * 1_000_000 + start),
+                            *best(logits)))
     ctx.seq_rm(0, -1, -1)
     return States.joined(parts, ctx.model.n_embd)
 
@@ -87,17 +104,20 @@ def answer(ctx: Context, model: Model, prompt: Sequence[int], n_new: int, piece:
     for start in range(0, len(prompt) - 1, ctx.n_batch):  # all but the last token: no outputs needed
         chunk = prompt[start:min(start + ctx.n_batch, len(prompt) - 1)]
         ctx.decode_rows([(t, start + i, (0,), False) for i, t in enumerate(chunk)])
-    hidden, labels = [], []
+    hidden, labels, tops = [], [], []
     token, pos = prompt[-1], len(prompt) - 1
     for _ in range(n_new + 1):
         ctx.decode_rows([(token, pos, (0,), True)], hidden=True)
         hidden.append(np.array(ctx.hidden(1)[0]))
-        token, pos = int(ctx.logits(1)[0].argmax()), pos + 1
+        logits = ctx.logits(1)
+        tops.append(best(logits))
+        token, pos = int(logits[0].argmax()), pos + 1
         labels.append(token)
         if model.is_eog(token):
             break
     ctx.seq_rm(0, -1, -1)
-    return States(np.array(hidden, dtype=np.float32), np.array(labels), np.full(len(labels), piece * 1_000_000))
+    return States(np.array(hidden, dtype=np.float32), np.array(labels), np.full(len(labels), piece * 1_000_000),
+                  np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops]))
 
 
 def default_texts(seed: int = 0) -> List[Piece]:

@@ -5,8 +5,10 @@ For head k, a batch of rows h (B, d) and the target's tokens k places ahead y (B
 the N tokens of the map::
 
     a = h W_k^T + b_k          z = h + SiLU(a)          l = z E_N^T  (B, N)
-    loss = mean(-log softmax(l)[y])
-    dl = (softmax(l) - onehot(y)) / B     dz = dl E_N     da = dz * SiLU'(a)
+    loss = mean(-sum(t * log softmax(l)))        t: the target's distribution k places ahead,
+                                                 its TOP tokens renormalised on the map
+                                                 (``soft``), else onehot(y)
+    dl = (softmax(l) - t) / B     dz = dl E_N     da = dz * SiLU'(a)
     dW_k = da^T h                         db_k = sum(da)
 
 W_k and b_k start at zero (each head then guesses as the target's own output matrix does) and
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -35,15 +37,17 @@ class TrainConfig:
     """``heads``: K; ``n_tokens``: the map's size (0: the fewest covering COVERAGE of the target's
     tokens on the training text, between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
     training rows; ``batch`` rows a step; ``lr`` Adam's step size; ``seed``; ``held_out``: the
-    share of the pieces of text kept aside to measure the heads on."""
+    share of the pieces of text kept aside to measure the heads on; ``soft``: learn the target's
+    distribution (its TOP tokens), else its choice alone."""
 
     heads: int = 3
     n_tokens: int = 0
-    epochs: float = 3.0
+    epochs: float = 4.0
     batch: int = 256
     lr: float = 1e-3
     seed: int = 0
     held_out: float = 0.1
+    soft: bool = True
 
     def __post_init__(self) -> None:
         check(1 <= self.heads <= MAX_HEADS, f"heads must be 1 to {MAX_HEADS}, got {self.heads}")
@@ -114,9 +118,26 @@ class Adam:
             p -= self.lr * (m / c1) / (np.sqrt(v / c2) + 1e-8)
 
 
-def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: np.ndarray
-              ) -> Tuple[float, np.ndarray, np.ndarray]:
-    """One head's loss on a batch and its gradients (dW, db); ``y`` indexes the map."""
+def targets(y: np.ndarray, n: int, soft: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> np.ndarray:
+    """The distributions a batch learns (B, n): onehot(y), or ``soft`` = (map indices, -1 off the
+    map; probabilities) renormalised on the map (onehot(y) where none is on it)."""
+    t = np.zeros((len(y), n), np.float64)
+    if soft is None:
+        t[np.arange(len(y)), y] = 1.0
+        return t
+    ids, p = soft
+    rows = np.repeat(np.arange(len(y)), ids.shape[1])
+    on = ids.ravel() >= 0
+    np.add.at(t, (rows[on], ids.ravel()[on]), p.ravel()[on])
+    total = t.sum(axis=1)
+    t[total == 0, y[total == 0]] = 1.0
+    return t / t.sum(axis=1, keepdims=True)
+
+
+def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: np.ndarray,
+              soft: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Tuple[float, np.ndarray, np.ndarray]:
+    """One head's loss on a batch and its gradients (dW, db); ``y`` indexes the map, ``soft``:
+    the target's distribution there (see ``targets``)."""
     a = h @ w.T + b
     s = 1.0 / (1.0 + np.exp(-a))
     z = h + a * s
@@ -125,8 +146,9 @@ def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: n
     p = np.exp(logits)
     p /= p.sum(axis=1, keepdims=True)
     n = len(y)
-    loss = float(-np.log(p[np.arange(n), y] + 1e-30).mean())
-    p[np.arange(n), y] -= 1.0
+    t = targets(y, p.shape[1], soft)
+    loss = float(-(t * np.log(p + 1e-30)).sum(axis=1).mean())
+    p -= t
     p /= n
     dz = p @ out
     da = dz * (s * (1.0 + a * (1.0 - s)))
@@ -173,8 +195,8 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     for k in range(1, config.heads + 1):
         rows, labels = states.ahead(k, train_rows)
         keep = index[labels] >= 0
-        examples.append((rows[keep], index[labels[keep]]))
-    n_rows = max((len(r) for r, _ in examples), default=0)
+        examples.append((rows[keep], index[labels[keep]], k))
+    n_rows = max((len(r) for r, _, _ in examples), default=0)
     steps = int(np.ceil(config.epochs * n_rows / config.batch)) if n_rows else 0
     rng = np.random.default_rng(config.seed)
     adam = Adam([heads.w.shape[1:], heads.b.shape[1:]] * config.heads, config.lr)
@@ -182,9 +204,12 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     try:
         for step in range(steps):
             params, grads, losses = [], [], []
-            for k, (rows, labels) in enumerate(examples):
+            for k, (rows, labels, ahead) in enumerate(examples):
                 pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
-                loss, dw, db = head_step(heads.w[k], heads.b[k], heads.out, states.hidden[rows[pick]], labels[pick])
+                at = rows[pick] + ahead
+                soft = (index[states.top[at]], states.top_p[at]) if config.soft else None
+                loss, dw, db = head_step(heads.w[k], heads.b[k], heads.out, states.hidden[rows[pick]], labels[pick],
+                                         soft)
                 params += [heads.w[k], heads.b[k]]
                 grads += [dw, db]
                 losses.append(loss)

@@ -17,7 +17,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import head_step, token_map, TrainConfig, train
+from llamaspec.training.fit import head_step, targets, token_map, TrainConfig, train
 from llamaspec.training.data import States
 
 D, N, V = 8, 12, 40
@@ -87,6 +87,21 @@ def test_the_training_step_s_gradients_are_the_loss_s():
     assert (head_step(w, b2, out, h, y)[0] - loss) / eps == pytest.approx(db[4], rel=1e-3, abs=1e-6)
 
 
+def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_distribution():
+    rng = np.random.default_rng(4)
+    w, b = rng.normal(0, 0.3, (D, D)), rng.normal(0, 0.1, D)
+    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, D)), np.array([2, 5, 7])
+    ids = np.array([[2, 3, -1], [5, -1, -1], [-1, -1, -1]])  # -1: off the map
+    p = np.array([[0.5, 0.25, 0.25], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]], np.float32)
+    t = targets(y, N, (ids, p))
+    assert t[0, 2] == pytest.approx(2 / 3) and t[0, 3] == pytest.approx(1 / 3)  # renormalised on the map
+    assert t[1, 5] == 1.0 and t[2, 7] == 1.0  # all off the map: the target's choice
+    loss, dw, _ = head_step(w, b, out, h, y, (ids, p))
+    w2 = w.copy()
+    w2[1, 4] += 1e-6
+    assert (head_step(w2, b, out, h, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dw[1, 4], rel=1e-3, abs=1e-6)
+
+
 def test_token_map_takes_the_most_frequent_tokens():
     labels = np.array([5] * 50 + [7] * 30 + [9] * 15 + [1] * 5)
     tokens, coverage = token_map(labels, 2, 20)
@@ -104,7 +119,7 @@ def test_training_learns_a_rule_the_heads_can_express():
     out = rng.normal(0, 1, (64, d)).astype(np.float32)
     ahead = (hidden[:, rng.permutation(d)] @ out.T).argmax(axis=1)
     labels = np.roll(ahead, 1)  # labels[i + 1]: head 1's token at row i
-    states = States(hidden, labels, np.arange(n) // 100)
+    states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32))
     heads, report = train(states, 64, lambda t: out[t], TrainConfig(heads=1, n_tokens=64, epochs=20, lr=3e-3),
                           {"format": FORMAT})
     assert report.top1[0] > report.base_top1[0] + 0.1, report
