@@ -37,9 +37,8 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     assert heads.k == 2 and heads.meta["model"] == "smol.gguf" and 0 <= heads.meta["report"]["top1"][0] <= 1
     spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
     try:
-        assert "heads" in spec._parts.names
         r = spec.generate(chatml("Write a Python function that adds two numbers."), max_tokens=24, temperature=0)
-        assert r.stats.sources["heads"].drafted > 0
+        assert r.stats.sources["heads"].drafted > 0  # auto ran the heads it found
     finally:
         spec.close()
 
