@@ -82,11 +82,8 @@ class Assembly:
         from .sources import default_registry
         self.registry = registry if registry is not None else default_registry()
         self.target_config = target
-        configs = self.registry.configs(settings or {})
-        model_file = models.file_name(target.path)
-        if model_file is not None:  # what the cache keeps for the target's file (its trained heads)
-            configs = {n: p.beside(configs[n], model_file, models.cache_dir(cache_dir)) if p.beside else configs[n]
-                       for n, p in zip(self.registry.names, self.registry.plugins)}
+        # with what the cache keeps for the target's file (its trained heads)
+        configs = self.registry.configs(settings or {}, models.file_name(target.path), models.cache_dir(cache_dir))
         loadable = frozenset(p.name for p in self.registry.plugins if p.loads_from(configs[p.name], draft))
         self.names = names = self.registry.resolve(spec, loadable)
         self.fixed = spec.fixed
@@ -99,6 +96,9 @@ class Assembly:
         self.scratch = room.branches + room.own  # the sequences a step's branches and the sources' own may use
         plugins = [p for p in self.registry.plugins if p.name in names]
         self.hidden = any(p.hidden for p in plugins)  # the target's decodes output hidden states
+        if self.hidden and target.rpc:
+            raise ConfigError(f"the {', '.join(p.name for p in plugins if p.hidden)} source reads the target's "
+                              f"hidden states, which a model on RPC servers does not return")
         checked = {p.name: p.check(configs[p.name]) for p in plugins if p.check is not None}  # before any model
         _warn_about(target)
         self._pool = pool if pool is not None else ModelPool()
@@ -114,9 +114,6 @@ class Assembly:
                               stacklevel=4)
             self.ctx = self.model.context(target.n_ctx, target.threads, target.n_batch,
                                           1 + self.scratch + MAX_SAMPLES)
-            if self.hidden and self.model.rpc:
-                raise ConfigError(f"the {', '.join(p.name for p in plugins if p.hidden)} source reads the target's "
-                                  f"hidden states, which a model on RPC servers does not return")
             self.ctx.hidden_states = self.hidden
             costs_file = models.cache_dir(cache_dir) / "costs.json"
             ctx = self.ctx

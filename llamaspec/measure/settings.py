@@ -70,11 +70,8 @@ class BenchSettings:
         """Whether source ``name`` has what it loads: a file the settings name, or one the cache
         keeps for the target (heads trained for it)."""
         registry = default_registry()
-        plugin, config = registry[name], registry.configs(self.sources)[name]
-        model_file = models.file_name(self.model)
-        if plugin.beside is not None and model_file is not None:
-            config = plugin.beside(config, model_file, models.cache_dir())
-        return plugin.loads_from(config, self.draft_model_config())
+        config = registry.configs(self.sources, models.file_name(self.model), models.cache_dir())[name]
+        return registry[name].loads_from(config, self.draft_model_config())
 
 
 @dataclass(frozen=True)

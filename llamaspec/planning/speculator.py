@@ -209,15 +209,18 @@ class Speculator:
     def learn(self, outcome: Outcome) -> None:
         self.model.learn(outcome)
         self.planner.learn(len(outcome.emitted), outcome.cost, outcome.estimated)
-        asking = self.costs.units(outcome.seconds, len(outcome.tokens)) if self.costs.timed else 0.0
         n = len(outcome.emitted)
-        foresaw = any(c.tokens[:n] == outcome.emitted for c in outcome.candidates)
-        self.gate.learn(outcome.n_accepted, outcome.cost, asking, foresaw)
+
+        def units(seconds: float) -> float:  # wall time in single-token decodes, where the curve has ms
+            return self.costs.units(seconds, len(outcome.tokens)) if self.costs.timed else 0.0
+
+        def foresaw(candidates: Sequence[Candidate]) -> bool:  # one held every token the step emitted
+            return any(c.tokens[:n] == outcome.emitted for c in candidates)
+        self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
         for name, seconds in self._own_seconds.items():
             accepted = sum(1 for sources in outcome.path_sources if name in sources)
-            mine = [c for c in outcome.candidates if c.source == name]
-            own = self.costs.units(seconds, len(outcome.tokens)) if self.costs.timed else 0.0
-            self.own_gates[name].learn(accepted, 0.0, own, any(c.tokens[:n] == outcome.emitted for c in mine))
+            self.own_gates[name].learn(accepted, 0.0, units(seconds),
+                                       foresaw([c for c in outcome.candidates if c.source == name]))
         self._own_seconds = {}
         for source in self.sources:
             source.learn(outcome)

@@ -251,15 +251,21 @@ class Registry:
                 out.setdefault(o.keyword, (o, default))
         return out
 
-    def configs(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+    def configs(self, values: Mapping[str, Any], model_file: Optional[str] = None,
+                cache: Optional[Path] = None) -> Dict[str, Any]:
         """Every source's config, with the options ``values`` sets (by keyword; a config object
-        by a source's name). ConfigError for a keyword no source has."""
+        by a source's name), completed by each plugin's ``beside`` with what ``cache`` keeps for
+        the target's ``model_file`` where both are given. ConfigError for a keyword no source has."""
         known = set(self.options()) | set(self.names)
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"no draft source has the setting {unknown[0]!r}; the settings are: "
                               f"{', '.join(sorted(self.options()))}")
-        return {p.name: p.configured(values) for p in self.plugins}
+        configs = {p.name: p.configured(values) for p in self.plugins}
+        if model_file is not None and cache is not None:
+            configs = {p.name: p.beside(configs[p.name], model_file, cache) if p.beside else configs[p.name]
+                       for p in self.plugins}
+        return configs
 
     def resolve(self, spec: SpecConfig, loadable: FrozenSet[str]) -> FrozenSet[str]:
         """The sources ``spec`` runs, given the names of those that have something to load

@@ -16,7 +16,7 @@ import llamaspec
 from llamaspec.llama.binding import Model
 from llamaspec.sources.heads import Heads, HeadsError, cached_path, output_rows
 
-from conftest import ROOT, SMOL, THREADS, chatml
+from conftest import ROOT, SMOL, THREADS, assert_one_line_error, chatml, run
 
 
 def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file, tmp_path):
@@ -26,13 +26,13 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     model.parent.mkdir()
     shutil.copy(model_file(SMOL), model)
     cache = tmp_path / "cache"
-    run = subprocess.run([sys.executable, "-m", "llamaspec", "heads", "train", "-m", str(model), "-f",
-                          str(ROOT / "README.md"), "--tokens", "1024", "--heads", "2", "--cache-dir", str(cache),
-                          "-t", str(THREADS)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    trained = subprocess.run([sys.executable, "-m", "llamaspec", "heads", "train", "-m", str(model), "-f",
+                              str(ROOT / "README.md"), "--tokens", "1024", "--heads", "2", "--cache-dir", str(cache),
+                              "-t", str(THREADS)], capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr
     where = cached_path(model, cache)
-    assert where.is_file() and str(where) in run.stderr
-    assert "head 1: top-1" in run.stderr and "head 2: top-1" in run.stderr
+    assert where.is_file() and str(where) in trained.stderr
+    assert "head 1: top-1" in trained.stderr and "head 2: top-1" in trained.stderr
     heads = Heads.read(where)
     assert heads.k == 2 and heads.meta["model"] == "smol.gguf" and 0 <= heads.meta["report"]["top1"][0] <= 1
     spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
@@ -68,11 +68,10 @@ def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
     with pytest.raises(HeadsError, match="trained for .* not smol.Q2_K.gguf") as e:
         llamaspec.load(str(other), spec="heads", heads=str(smol_heads), n_threads=THREADS, progress=False)
     assert "\n" not in str(e.value)
+    with pytest.raises(llamaspec.ConfigError, match="which a model on RPC servers does not return"):
+        llamaspec.load(str(other), spec="heads", heads=str(smol_heads), rpc=["127.0.0.1:9"], progress=False)
     cut = tmp_path / "cut.heads.npz"
     cut.write_bytes(smol_heads.read_bytes()[:1000])
-    run = subprocess.run([sys.executable, "-m", "llamaspec", "generate", "-m", str(other), "--heads", str(cut),
-                          "-p", "hi", "-n", "4"], capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0 and "cut short" in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    none = subprocess.run([sys.executable, "-m", "llamaspec", "generate", "-m", str(other), "--spec", "heads",
-                           "-p", "hi", "-n", "4"], capture_output=True, text=True, timeout=300)
-    assert none.returncode != 0 and "needs a heads file" in none.stderr
+    assert_one_line_error(run("generate", "-m", str(other), "--heads", str(cut), "-p", "hi", "-n", "4"), "cut short")
+    assert_one_line_error(run("generate", "-m", str(other), "--spec", "heads", "-p", "hi", "-n", "4"),
+                          "needs a heads file")
