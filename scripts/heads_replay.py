@@ -24,7 +24,7 @@ from llamaspec.llama.binding import Model
 from llamaspec.llama.chat import ChatTemplate
 from llamaspec.measure.replay import replay, speculator
 from llamaspec.planning.costs import CostCurve
-from llamaspec.sources.heads import Heads, cached_path, output_rows
+from llamaspec.sources.heads import Heads, cached_path
 from llamaspec.training.data import answer
 
 SETS = (("lookup", "lookahead"), ("heads",), ("lookup", "lookahead", "heads"))
@@ -44,7 +44,6 @@ def main() -> None:
     file = args.heads or cached_path(path, models.cache_dir())
     heads = Heads.read(file)
     heads.check_model(path, model.n_vocab, model.n_embd, file)
-    heads.out = output_rows(path, heads.tokens)
     curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
     suite = {p["name"]: p for p in json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json")
                                              .read_text())}

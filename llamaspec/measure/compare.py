@@ -65,9 +65,9 @@ def matched(settings: BenchSettings) -> BenchSettings:
                                       **LLAMA_LOOKAHEAD}, fixed=tuple(sorted({*settings.fixed, "lookahead"})))
 
 
-def default_strategies(settings: BenchSettings) -> List[str]:
+def default_strategies(settings: BenchSettings, cache_dir: Optional[Path] = None) -> List[str]:
     """Every strategy both sides have, the draft model's only when one is given."""
-    return [s for s in bench_strategies(settings) if s in PROGRAMS]
+    return [s for s in bench_strategies(settings, cache_dir) if s in PROGRAMS]
 
 
 def default_bin_dir() -> Path:

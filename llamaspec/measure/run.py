@@ -44,8 +44,8 @@ def run_bench(settings: BenchSettings, strategies: Optional[Sequence[str]] = Non
               progress: bool = True) -> BenchReport:
     """Run plain decoding and each strategy (default: every one the models allow) on the
     prompts (default: the whole suite), ``settings.repeat`` times, and report per row."""
-    names = list(strategies) if strategies is not None else default_strategies(settings)
-    check_strategies(names, settings)
+    names = list(strategies) if strategies is not None else default_strategies(settings, cache_dir)
+    check_strategies(names, settings, cache_dir)
     names = ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]  # plain first, always
     prompts = list(prompts) if prompts is not None else load_suite()
     if not prompts:

@@ -66,11 +66,11 @@ class BenchSettings:
         """A source's setting: as given, else its default."""
         return self.sources.get(keyword, default_registry().options()[keyword][1])
 
-    def gives(self, name: str) -> bool:
+    def gives(self, name: str, cache_dir: Optional[Path] = None) -> bool:
         """Whether source ``name`` has what it loads: a file the settings name, or one the cache
-        keeps for the target (heads trained for it)."""
+        (``cache_dir``, else the default) keeps for the target (heads trained for it)."""
         registry = default_registry()
-        config = registry.configs(self.sources, models.file_name(self.model), models.cache_dir())[name]
+        config = registry.configs(self.sources, models.file_name(self.model), models.cache_dir(cache_dir))[name]
         return registry[name].loads_from(config, self.draft_model_config())
 
 
@@ -111,20 +111,20 @@ def _strategies() -> Dict[str, Strategy]:
 STRATEGIES = _strategies()
 
 
-def default_strategies(settings: BenchSettings) -> List[str]:
-    """Plain, each single source the given models (and files) allow, and auto."""
+def default_strategies(settings: BenchSettings, cache_dir: Optional[Path] = None) -> List[str]:
+    """Plain, each single source the given models (and files, given or in ``cache_dir``) allow, and auto."""
     return [name for name, s in STRATEGIES.items() if (settings.draft_model or not s.needs_draft) and not s.spec.fixed
-            and (not s.loads_file or settings.gives(name))]
+            and (not s.loads_file or settings.gives(name, cache_dir))]
 
 
-def check_strategies(names: Sequence[str], settings: BenchSettings) -> None:
+def check_strategies(names: Sequence[str], settings: BenchSettings, cache_dir: Optional[Path] = None) -> None:
     """ConfigError for an unknown name or a strategy that needs a draft model when none is given."""
     for name in names:
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
         if STRATEGIES[name].needs_draft and not settings.draft_model:
             raise ConfigError(f"strategy {name!r} needs a draft model (-md)")
-        if STRATEGIES[name].loads_file and not settings.gives(name):
+        if STRATEGIES[name].loads_file and not settings.gives(name, cache_dir):
             raise ConfigError(f"strategy {name!r} needs {default_registry()[name].loads}")
 
 

@@ -1,37 +1,42 @@
-"""Draft heads (Medusa-1) trained on this machine from the target's own hidden states.
+"""Draft heads trained on this machine from the target's own hidden states: Medusa-1's residual
+blocks, each also reading the pending token (as Hydra's heads read the tokens before theirs).
 
 The target's last hidden state h (llama.cpp's normalised output of the last layer, read in the
 same decode as the logits) at the row that chose the pending token x[t+1] is what its output
 matrix E turns into logits: ``logits = E h``. Head k (k = 1 .. K) guesses the token k places
-after the pending one, x[t+1+k], from the same h::
+after the pending one, x[t+1+k], from h and a vector e standing for x[t+1]::
 
-    z_k = h + SiLU(W_k h + b_k)          a residual block (W_k, b_k trained; zero: z_k = h)
+    z_k = h + SiLU(W_k [h; e] + b_k)     a residual block (W_k (d, 2d), b_k trained; zero: z_k = h)
     p_k = softmax(E_N z_k)               E_N: E's rows for the N tokens of the map (frozen)
 
-A head costs a d x d and an N x d product on a vector the target computed anyway. The N tokens
+e is the pending token's row of E_N (zero for a token off the map): h alone does not say which
+token the target chose from it where it hesitated, e does (docs/design.md: what it adds). A
+head costs a d x 2d and an N x d product on vectors the target computed anyway. The N tokens
 are the most frequent among the target's own choices on the training text (FR-Spec's idea);
 a token outside them is never guessed.
 
 Candidates form a sparse tree (Medusa's): every head's best ``RANKS`` tokens, combined along
-paths, keeping the paths with the most expected accepted tokens; the acceptance model learns,
-per head and decile of the head's probability for the token, how often a head's token is accepted
-when the tokens before it were (evidence ``Guess(head, decile)``)::
+paths, keeping the paths with the most expected accepted tokens. A head's probability for a
+token is taken for what it was worth on held-out text (the file's calibration: a head trained on
+a few ten thousand tokens is sure too often), and the acceptance model learns, per head and
+decile of that, how often a head's token is accepted when the tokens before it were (evidence
+``Guess(head, decile)``)::
 
     pending x[t+1]
-      ├─ a   (head 1, best)   ├─ c (head 2, best) ── e (head 3, best)
-      │                       └─ d (head 2, second)
-      └─ b   (head 1, second) ── c
+      ├─ a  (head 1, best) ──┬─ c (head 2, best) ── f (head 3, best)
+      │                      └─ d (head 2, second)
+      └─ b  (head 1, second) ── c (head 2, best)
 
-The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` (K, d, d) float16, ``b``
-(K, d), ``tokens`` (N,) the map, ``meta`` (JSON: the model's file name and sha256, n_vocab,
-n_embd, the training run's settings and each head's held-out top-1 and top-5). E_N is read from
-the model's GGUF file when the heads are loaded.
+The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` (K, d, 2d) float16, ``b``
+(K, d), ``tokens`` (N,) the map, ``out`` E_N (N, d) float16 (dequantized from the model's GGUF
+file when the heads were trained: loading reads no GGUF), ``meta`` (JSON: the format, the
+model's file name and sha256, n_vocab, n_embd, the training run's settings and each head's
+held-out top-1 and top-5).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import heapq
 import json
 import os
@@ -44,11 +49,12 @@ import numpy as np
 
 from ..config import SamplingConfig, check
 from ..errors import ConfigError
+from ..llama.models import sha256
 from .base import Budget, Candidate, Outcome, Proposal, Source
 from .registry import Option, Plugin, Resources
 
 NAME = "heads"
-FORMAT = "llamaspec-heads-1"
+FORMAT = "llamaspec-heads-2"  # 1: heads on h alone
 MAX_HEADS = 8
 RANKS = 4  # a head's best tokens that candidates may take
 SUFFIX = ".heads.npz"
@@ -60,8 +66,9 @@ class HeadsError(ConfigError):
 
 @dataclass(frozen=True)
 class Guess:
-    """A head's token: ``head`` (1: the token after the pending one), ``decile`` of the head's
-    probability for the token (round(10 p))."""
+    """A head's token: ``head`` (1: the token after the pending one), ``decile``: how often, in
+    tenths, the head's tokens were the target's on held-out text where it gave them the
+    probability it gives this one (``Heads.calibration``)."""
 
     head: int
     decile: int
@@ -94,68 +101,55 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-@functools.lru_cache(maxsize=8)
-def _sha256(path: str, size: int, mtime: float) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_of(path: Path) -> str:
-    """The file's sha256 (computed once per process for a file left as it is)."""
-    st = path.stat()
-    return _sha256(str(path), st.st_size, st.st_mtime)
-
-
-def output_rows(model_path: Path, tokens: np.ndarray) -> np.ndarray:
-    """E's rows for ``tokens`` (N, d) float32, dequantized from the GGUF file: ``output.weight``,
-    or ``token_embd.weight`` where the model ties its output matrix to its embeddings."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-    reader = GGUFReader(str(model_path))
-    tensors = {t.name: t for t in reader.tensors}
-    t = tensors.get("output.weight") or tensors.get("token_embd.weight")
-    if t is None:
-        raise HeadsError(f"{model_path.name} has no output matrix (output.weight or token_embd.weight)")
-    rows = np.asarray(t.data)[np.asarray(tokens)]
-    return np.ascontiguousarray(dequantize(rows, t.tensor_type), dtype=np.float32).reshape(len(tokens), -1)
-
-
 @dataclass(eq=False)
 class Heads:
-    """K heads over a map of N tokens: ``w`` (K, d, d), ``b`` (K, d), ``tokens`` (N,) vocabulary
-    ids, ``out`` E_N (N, d) (None until read from the model), ``meta`` the file's record."""
+    """K heads over a map of N tokens: ``w`` (K, d, 2d) acting on [h; e], ``b`` (K, d),
+    ``tokens`` (N,) vocabulary ids in order, ``out`` E_N (N, d), ``meta`` the file's record,
+    ``calibration`` (K, 11): how often head k's token was the target's on held-out text where
+    the head gave it a probability of about d / 10 (None: d / 10 itself)."""
 
     w: np.ndarray
     b: np.ndarray
     tokens: np.ndarray
+    out: np.ndarray
     meta: Dict[str, Any]
-    out: Optional[np.ndarray] = None
+    calibration: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.calibration is None:
+            self.calibration = np.tile(np.arange(11) / 10, (self.k, 1))
 
     @property
     def k(self) -> int:
         return self.w.shape[0]
 
-    def hidden(self, h: np.ndarray) -> np.ndarray:
-        """z (K, d) for one hidden state h (d,), or (K, B, d) for h (B, d)."""
-        a = np.einsum("kij,...j->k...i", self.w, h) + (self.b if h.ndim == 1 else self.b[:, None, :])
+    def pending(self, y: Any) -> np.ndarray:
+        """e for pending token(s) ``y``: its row of E_N, zero for a token off the map; (d,) for one
+        token, (B, d) for B."""
+        y = np.asarray(y)
+        i = np.minimum(np.searchsorted(self.tokens, y), len(self.tokens) - 1)
+        return np.where((self.tokens[i] == y)[..., None], self.out[i], np.float32(0))
+
+    def hidden(self, h: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
+        B of each (B, d)."""
+        x = np.concatenate([h, e], axis=-1)
+        a = np.einsum("kij,...j->k...i", self.w, x) + (self.b if h.ndim == 1 else self.b[:, None, :])
         return h + silu(a)
 
-    def logits(self, h: np.ndarray) -> np.ndarray:
-        """Each head's logits over the map (K, N) for one hidden state h (d,), on one thread:
-        OpenBLAS's other threads would spin on, taking the cores from llama.cpp's next decode
-        (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
-        assert self.out is not None
+    def logits(self, h: np.ndarray, pending: int) -> np.ndarray:
+        """Each head's logits over the map (K, N) for one hidden state h (d,) and the token it
+        chose, ``pending``, on one thread: OpenBLAS's other threads would spin on, taking the
+        cores from llama.cpp's next decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
         with _one_thread():
-            return self.hidden(h) @ self.out.T
+            return self.hidden(h, self.pending(pending)) @ self.out.T
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".part")
         with open(tmp, "wb") as f:
             np.savez(f, w=self.w.astype(np.float16), b=self.b.astype(np.float32),
-                     tokens=self.tokens.astype(np.int32),
+                     tokens=self.tokens.astype(np.int32), out=self.out.astype(np.float16),
+                     calibration=np.asarray(self.calibration, np.float32),
                      meta=np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8))
         os.replace(tmp, path)
 
@@ -165,24 +159,30 @@ class Heads:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
+                made = meta.get("format") if isinstance(meta, dict) else None
+                if made != FORMAT:
+                    raise HeadsError(f"{path} is {f'a {made} file' if made else 'not a heads file'}, not {FORMAT}; "
+                                     f"train it again with `llamaspec heads train`")
                 heads = Heads(z["w"].astype(np.float32), z["b"].astype(np.float32), z["tokens"].astype(np.int64),
-                              meta)
+                              z["out"].astype(np.float32), meta, z["calibration"].astype(np.float64))
+        except HeadsError:
+            raise
         except FileNotFoundError:
             raise HeadsError(f"no such heads file: {path}") from None
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
             raise HeadsError(f"{path} is not a heads file or is cut short ({type(e).__name__}: {e}); "
                              f"train it again with `llamaspec heads train`") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise HeadsError(f"{path} is not a {FORMAT} file")
         k, d = heads.b.shape
-        if heads.w.shape != (k, d, d) or heads.tokens.ndim != 1 or not 1 <= k <= MAX_HEADS:
+        n = len(heads.tokens)
+        if heads.w.shape != (k, d, 2 * d) or heads.tokens.shape != (n,) or heads.out.shape != (n, d) or n == 0 \
+                or heads.calibration.shape != (k, 11) or not 1 <= k <= MAX_HEADS:
             raise HeadsError(f"{path} holds heads of inconsistent shapes")
         return heads
 
     def check_model(self, model_path: Path, n_vocab: int, n_embd: int, where: Path) -> None:
         """HeadsError unless these heads were trained for the model in ``model_path``."""
         meta = self.meta
-        if meta.get("n_vocab") != n_vocab or meta.get("n_embd") != n_embd or meta.get("sha256") != sha256_of(model_path):
+        if meta.get("n_vocab") != n_vocab or meta.get("n_embd") != n_embd or meta.get("sha256") != sha256(model_path):
             raise HeadsError(f"{where} was trained for {meta.get('model', 'another model')}, not {model_path.name}; "
                              f"train heads for it with `llamaspec heads train -m {model_path}`")
         if self.tokens.max(initial=0) >= n_vocab or self.b.shape[1] != n_embd:
@@ -234,11 +234,12 @@ class HeadsSource(Source):
         if h is None or n != len(tokens):
             return Proposal()
         guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS
-        for k, row in enumerate(self.heads.logits(h)[:min(self.heads.k, budget.max_len)], start=1):
+        for k, row in enumerate(self.heads.logits(h, tokens[-1])[:min(self.heads.k, budget.max_len)], start=1):
             top = np.argpartition(row, -RANKS)[-RANKS:]
             p = np.exp(row[top] - row.max())
             p /= np.exp(row - row.max()).sum()
-            keys = [Guess(k, int(round(10 * q))) for q in p]
+            seen = self.heads.calibration[k - 1, np.rint(10 * p).astype(np.int64)]
+            keys = [Guess(k, int(np.rint(10 * q))) for q in seen]
             guesses.append([(int(self.heads.tokens[t]), key, budget.rates.get(key, PRIORS[key]))
                             for t, key in zip(top, keys)])
         paths = tree([[(t, rate) for t, _, rate in g] for g in guesses], self.max_nodes, budget.max_len)
@@ -251,9 +252,9 @@ class HeadsSource(Source):
 
 
 def _priors() -> Dict[Guess, float]:
-    # a head's probability for its token, a little less the further it looks
-    return {Guess(k, d): min(0.95, max(0.02, 0.1 * d * 0.9 ** (k - 1))) for k in range(1, MAX_HEADS + 1)
-            for d in range(11)}
+    # what the held-out text said (given the tokens before it, a head's token is a little likelier
+    # than that: its misses come with theirs)
+    return {Guess(k, d): min(0.95, max(0.02, 0.1 * d)) for k in range(1, MAX_HEADS + 1) for d in range(11)}
 
 
 PRIORS = _priors()
@@ -266,7 +267,6 @@ def _check(config: HeadsConfig) -> Optional[Heads]:
 def _load(config: HeadsConfig, resources: Resources, heads: Heads) -> Heads:
     target = resources.target
     heads.check_model(target.path, target.n_vocab, target.n_embd, Path(str(config.file)))
-    heads.out = output_rows(target.path, heads.tokens)
     return heads
 
 

@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..llama.binding import Context, Model
 from ..llama.chat import ChatTemplate
 
@@ -52,14 +53,17 @@ def best(logits: np.ndarray, k: int = TOP) -> Tuple[np.ndarray, np.ndarray]:
 @dataclass
 class States:
     """Rows of hidden states (n, d) with the target's token after each (n,), the piece each row
-    belongs to (n,), and the target's TOP most likely tokens and their probabilities at each
-    row (n, TOP): its distribution there, a richer label than its choice (self-distillation)."""
+    belongs to (n,), the target's TOP most likely tokens and their probabilities at each row
+    (n, TOP): its distribution there, a richer label than its choice (self-distillation), and
+    the token the text goes on with after each row (n,; -1 at a piece's end): the pending token
+    the heads read beside the row's state (the target's own choice on its answers)."""
 
     hidden: np.ndarray
     labels: np.ndarray
     piece: np.ndarray
     top: np.ndarray
     top_p: np.ndarray
+    next: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -75,9 +79,9 @@ class States:
     def joined(parts: Sequence["States"], d: int) -> "States":
         if not parts:
             return States(np.zeros((0, d), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                          np.zeros((0, TOP), np.int64), np.zeros((0, TOP), np.float32))
+                          np.zeros((0, TOP), np.int64), np.zeros((0, TOP), np.float32), np.zeros(0, np.int64))
         return States(*(np.concatenate([getattr(p, f) for p in parts])
-                        for f in ("hidden", "labels", "piece", "top", "top_p")))
+                        for f in ("hidden", "labels", "piece", "top", "top_p", "next")))
 
 
 def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
@@ -91,7 +95,7 @@ def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
         n = len(window)
         logits = ctx.logits(n)
         parts.append(States(np.array(ctx.hidden(n)), logits.argmax(axis=1), np.full(n, piece * 1_000_000 + start),
-                            *best(logits)))
+                            *best(logits), np.array(list(window[1:]) + [-1], np.int64)))
     ctx.seq_rm(0, -1, -1)
     return States.joined(parts, ctx.model.n_embd)
 
@@ -117,7 +121,21 @@ def answer(ctx: Context, model: Model, prompt: Sequence[int], n_new: int, piece:
             break
     ctx.seq_rm(0, -1, -1)
     return States(np.array(hidden, dtype=np.float32), np.array(labels), np.full(len(labels), piece * 1_000_000),
-                  np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops]))
+                  np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops]), np.array(labels))
+
+
+def output_rows(model_path: Path, tokens: np.ndarray) -> np.ndarray:
+    """The target's output matrix E: its rows for ``tokens`` (N, d) float32, dequantized from the
+    GGUF file: ``output.weight``, or ``token_embd.weight`` where the model ties its output matrix
+    to its embeddings."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    tensors = {t.name: t for t in GGUFReader(str(model_path)).tensors}
+    t = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if t is None:
+        raise ConfigError(f"{model_path.name} has no output matrix (output.weight or token_embd.weight)")
+    rows = np.asarray(t.data)[np.asarray(tokens, np.int64)]
+    return np.ascontiguousarray(dequantize(rows, t.tensor_type), dtype=np.float32).reshape(len(tokens), -1)
 
 
 def default_texts(seed: int = 0) -> List[Piece]:

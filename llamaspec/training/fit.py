@@ -1,15 +1,16 @@
 """Draft heads fitted to the target's states with numpy (Medusa-1: the target frozen, only the
 heads' residual blocks trained).
 
-For head k, a batch of rows h (B, d) and the target's tokens k places ahead y (B,), mapped into
-the N tokens of the map::
+For head k, a batch of rows h (B, d), the rows e (B, d) of E_N of the tokens the text goes on
+with after them (the pending tokens; zero off the map), x = [h; e] (B, 2d), and the target's
+tokens k places after the pending ones y (B,), mapped into the N tokens of the map::
 
-    a = h W_k^T + b_k          z = h + SiLU(a)          l = z E_N^T  (B, N)
+    a = x W_k^T + b_k          z = h + SiLU(a)          l = z E_N^T  (B, N)
     loss = mean(-sum(t * log softmax(l)))        t: the target's distribution k places ahead,
                                                  its TOP tokens renormalised on the map
                                                  (``soft``), else onehot(y)
     dl = (softmax(l) - t) / B     dz = dl E_N     da = dz * SiLU'(a)
-    dW_k = da^T h                         db_k = sum(da)
+    dW_k = da^T x                         db_k = sum(da)
 
 W_k and b_k start at zero (each head then guesses as the target's own output matrix does) and
 are moved by Adam. Rows whose token k places ahead is outside the map are not trained on (and
@@ -25,11 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..config import check
-from ..sources.heads import MAX_HEADS, Heads, silu
+from ..sources.heads import MAX_HEADS, RANKS, Heads, silu
 from .data import States
 
 COVERAGE = 0.95  # the map's default size: the fewest tokens that make this share of the target's
 MIN_TOKENS, MAX_TOKENS = 1024, 8192
+PRIOR_WEIGHT = 5.0  # the calibration's: rows of a decile's own value, d / 10, beside the held-out rows
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class TrainConfig:
 
     heads: int = 3
     n_tokens: int = 0
-    epochs: float = 4.0
+    epochs: float = 6.0
     batch: int = 256
     lr: float = 1e-3
     seed: int = 0
@@ -134,11 +136,12 @@ def targets(y: np.ndarray, n: int, soft: Optional[Tuple[np.ndarray, np.ndarray]]
     return t / t.sum(axis=1, keepdims=True)
 
 
-def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: np.ndarray,
+def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, x: np.ndarray, y: np.ndarray,
               soft: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Tuple[float, np.ndarray, np.ndarray]:
-    """One head's loss on a batch and its gradients (dW, db); ``y`` indexes the map, ``soft``:
-    the target's distribution there (see ``targets``)."""
-    a = h @ w.T + b
+    """One head's loss on a batch x = [h; e] (B, 2d) and its gradients (dW, db); ``y`` indexes
+    the map, ``soft``: the target's distribution there (see ``targets``)."""
+    h = x[:, :out.shape[1]]
+    a = x @ w.T + b
     s = 1.0 / (1.0 + np.exp(-a))
     z = h + a * s
     logits = z @ out.T
@@ -152,20 +155,22 @@ def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, y: n
     p /= n
     dz = p @ out
     da = dz * (s * (1.0 + a * (1.0 - s)))
-    return loss, da.T @ h, da.sum(axis=0)
+    return loss, da.T @ x, da.sum(axis=0)
 
 
-def agreement(heads: Heads, states: States, rows: np.ndarray, chunk: int = 512) -> Tuple[List[float], List[float]]:
-    """Each head's top-1 and top-5 agreement with the target's token k places ahead on ``rows``."""
-    assert heads.out is not None
+def agreement(heads: Heads, states: States, rows: np.ndarray, inputs: Callable[[np.ndarray], np.ndarray],
+              chunk: int = 512) -> Tuple[List[float], List[float]]:
+    """Each head's top-1 and top-5 agreement with the target's token k places after the pending
+    one on ``rows`` (``inputs(rows)``: their [h; e])."""
     top1, top5 = [], []
+    d = heads.out.shape[1]
     for k in range(1, heads.k + 1):
         idx, labels = states.ahead(k, rows)
         hit1 = hit5 = 0
         for start in range(0, len(idx), chunk):
-            h = states.hidden[idx[start:start + chunk]]
-            a = h @ heads.w[k - 1].T + heads.b[k - 1]
-            logits = (h + silu(a)) @ heads.out.T
+            x = inputs(idx[start:start + chunk])
+            a = x @ heads.w[k - 1].T + heads.b[k - 1]
+            logits = (x[:, :d] + silu(a)) @ heads.out.T
             best = heads.tokens[np.argpartition(logits, -5, axis=1)[:, -5:]] if logits.shape[1] >= 5 else \
                 heads.tokens[np.argsort(logits, axis=1)]
             first = heads.tokens[logits.argmax(axis=1)]
@@ -175,6 +180,29 @@ def agreement(heads: Heads, states: States, rows: np.ndarray, chunk: int = 512) 
         top1.append(hit1 / max(1, len(idx)))
         top5.append(hit5 / max(1, len(idx)))
     return top1, top5
+
+
+def calibration(heads: Heads, states: States, rows: np.ndarray, inputs: Callable[[np.ndarray], np.ndarray],
+                weight: float = PRIOR_WEIGHT, chunk: int = 512) -> np.ndarray:
+    """How often each head's token is the target's, by the head's probability for it: (K, 11),
+    ``[k - 1, d]`` over head k's best RANKS tokens on ``rows`` whose probability rounds to d / 10
+    (a decile seen on few rows leans on d / 10, as if seen ``weight`` times)."""
+    d = heads.out.shape[1]
+    hits, seen = np.zeros((heads.k, 11)), np.zeros((heads.k, 11))
+    for k in range(1, heads.k + 1):
+        idx, labels = states.ahead(k, rows)
+        for start in range(0, len(idx), chunk):
+            x = inputs(idx[start:start + chunk])
+            logits = (x[:, :d] + silu(x @ heads.w[k - 1].T + heads.b[k - 1])) @ heads.out.T
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            top = np.argpartition(p, -RANKS, axis=1)[:, -RANKS:] if p.shape[1] > RANKS else np.argsort(p, axis=1)
+            decile = np.rint(10 * np.take_along_axis(p, top, axis=1)).astype(np.int64)
+            hit = heads.tokens[top] == labels[start:start + chunk, None]
+            np.add.at(hits[k - 1], decile.ravel(), hit.ravel())
+            np.add.at(seen[k - 1], decile.ravel(), 1)
+    return (hits + weight * np.arange(11) / 10) / (seen + weight)
 
 
 def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndarray], config: TrainConfig,
@@ -188,9 +216,15 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     tokens, coverage = token_map(states.labels[train_rows], config.n_tokens, n_vocab)
     index = np.full(n_vocab, -1, np.int64)
     index[tokens] = np.arange(len(tokens))
-    heads = Heads(np.zeros((config.heads, d, d), np.float32), np.zeros((config.heads, d), np.float32), tokens,
-                  dict(meta), np.asarray(out_rows(tokens), np.float32))
-    base1, _ = agreement(heads, states, held_rows)
+    out = np.asarray(out_rows(tokens)).astype(np.float16).astype(np.float32)  # as the file keeps it
+    heads = Heads(np.zeros((config.heads, d, 2 * d), np.float32), np.zeros((config.heads, d), np.float32), tokens,
+                  out, dict(meta))
+
+    def inputs(rows: np.ndarray) -> np.ndarray:
+        """[h; e] of ``rows``"""
+        return np.concatenate([states.hidden[rows], heads.pending(states.next[rows])], axis=1)
+
+    base1, _ = agreement(heads, states, held_rows, inputs)
     examples = []
     for k in range(1, config.heads + 1):
         rows, labels = states.ahead(k, train_rows)
@@ -208,8 +242,7 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
                 pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
                 at = rows[pick] + ahead
                 soft = (index[states.top[at]], states.top_p[at]) if config.soft else None
-                loss, dw, db = head_step(heads.w[k], heads.b[k], heads.out, states.hidden[rows[pick]], labels[pick],
-                                         soft)
+                loss, dw, db = head_step(heads.w[k], heads.b[k], heads.out, inputs(rows[pick]), labels[pick], soft)
                 params += [heads.w[k], heads.b[k]]
                 grads += [dw, db]
                 losses.append(loss)
@@ -218,7 +251,8 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
             progress(done, steps, float(np.mean(losses)))
     except KeyboardInterrupt:
         interrupted = True
-    top1, top5 = agreement(heads, states, held_rows)
+    top1, top5 = agreement(heads, states, held_rows, inputs)
+    heads.calibration = calibration(heads, states, held_rows, inputs)
     report = Report(rows=len(train_rows), held_out_rows=len(held_rows), n_tokens=len(tokens), coverage=coverage,
                     steps=done, interrupted=interrupted, seconds=time.perf_counter() - t0, top1=tuple(top1),
                     top5=tuple(top5), base_top1=tuple(base1))

@@ -11,8 +11,8 @@ from ..config import default_threads
 from ..errors import ConfigError
 from ..llama import models
 from ..llama.binding import Model
-from ..sources.heads import FORMAT, cached_path, output_rows, sha256_of
-from .data import collect, default_texts, file_texts
+from ..sources.heads import FORMAT, cached_path
+from .data import collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
 TOKENS = 65536  # rows of the default training text
@@ -47,7 +47,7 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
             ctx.close()
         if len(states) < 64:
             raise ConfigError(f"the training text gave {len(states)} tokens; heads need at least 64")
-        meta = {"format": FORMAT, "model": path.name, "sha256": sha256_of(path), "n_vocab": target.n_vocab,
+        meta = {"format": FORMAT, "model": path.name, "sha256": models.sha256(path), "n_vocab": target.n_vocab,
                 "n_embd": target.n_embd, "text": [str(f) for f in files] or "default mix", "cut_short": cut}
         with tqdm(total=1, desc="training heads", unit="step", disable=not progress, leave=False) as bar:
             def step(done: int, steps: int, loss: float) -> None:

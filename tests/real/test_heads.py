@@ -14,7 +14,8 @@ import pytest
 
 import llamaspec
 from llamaspec.llama.binding import Model
-from llamaspec.sources.heads import Heads, HeadsError, cached_path, output_rows
+from llamaspec.sources.heads import Heads, HeadsError, cached_path
+from llamaspec.training.data import output_rows
 
 from conftest import ROOT, SMOL, THREADS, assert_one_line_error, chatml, run
 
@@ -35,6 +36,7 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     assert "head 1: top-1" in trained.stderr and "head 2: top-1" in trained.stderr
     heads = Heads.read(where)
     assert heads.k == 2 and heads.meta["model"] == "smol.gguf" and 0 <= heads.meta["report"]["top1"][0] <= 1
+    assert np.allclose(heads.out, output_rows(model, heads.tokens), atol=2e-3)  # E_N kept: loading reads no GGUF
     spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
     try:
         r = spec.generate(chatml("Write a Python function that adds two numbers."), max_tokens=24, temperature=0)

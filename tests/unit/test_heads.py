@@ -17,7 +17,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import head_step, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import calibration, head_step, targets, token_map, TrainConfig, train
 from llamaspec.training.data import States
 
 D, N, V = 8, 12, 40
@@ -26,9 +26,16 @@ D, N, V = 8, 12, 40
 def fake_heads(k=3, seed=0):
     rng = np.random.default_rng(seed)
     tokens = np.sort(rng.choice(V, N, replace=False))
-    return Heads(rng.normal(0, 0.3, (k, D, D)).astype(np.float32), rng.normal(0, 0.1, (k, D)).astype(np.float32),
-                 tokens, {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf"},
-                 rng.normal(0, 1, (N, D)).astype(np.float32))
+    return Heads(rng.normal(0, 0.3, (k, D, 2 * D)).astype(np.float32), rng.normal(0, 0.1, (k, D)).astype(np.float32),
+                 tokens, rng.normal(0, 1, (N, D)).astype(np.float32),
+                 {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf"})
+
+
+def test_a_pending_token_is_its_row_of_the_map_s_output_matrix_or_zero():
+    heads = fake_heads()
+    on, off = int(heads.tokens[3]), next(t for t in range(V) if t not in heads.tokens)
+    assert np.array_equal(heads.pending(on), heads.out[3]) and not heads.pending(off).any()
+    assert np.array_equal(heads.pending(np.array([on, off])), np.stack([heads.out[3], np.zeros(D)]))
 
 
 def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
@@ -49,6 +56,7 @@ def test_heads_file_round_trip_and_its_errors(tmp_path):
     heads.save(path)
     back = Heads.read(path)
     assert np.allclose(back.w, heads.w, atol=1e-3) and np.array_equal(back.tokens, heads.tokens)
+    assert np.allclose(back.out, heads.out, atol=1e-2)
     assert back.meta == heads.meta and back.k == 3
     cut = tmp_path / "cut.heads.npz"
     cut.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
@@ -57,9 +65,9 @@ def test_heads_file_round_trip_and_its_errors(tmp_path):
             Heads.read(bad)
         assert "\n" not in str(e.value)
     other = tmp_path / "other.npz"
-    np.savez(other, w=heads.w, b=heads.b, tokens=heads.tokens,
+    np.savez(other, w=heads.w, b=heads.b, tokens=heads.tokens, out=heads.out,
              meta=np.frombuffer(b'{"format": "something else"}', dtype=np.uint8))
-    with pytest.raises(HeadsError, match="not a llamaspec-heads-1 file"):
+    with pytest.raises(HeadsError, match="other.npz is a something else file, not llamaspec-heads-2; train it again"):
         Heads.read(other)
 
 
@@ -74,11 +82,11 @@ def test_heads_for_another_model_are_refused(tmp_path):
 
 def test_the_training_step_s_gradients_are_the_loss_s():
     rng = np.random.default_rng(3)
-    w, b = rng.normal(0, 0.3, (D, D)), rng.normal(0, 0.1, D)
-    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, D)), rng.integers(0, N, 5)
+    w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
+    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, 2 * D)), rng.integers(0, N, 5)
     loss, dw, db = head_step(w, b, out, h, y)
     eps = 1e-6
-    for i, j in ((0, 0), (3, 5), (7, 2)):
+    for i, j in ((0, 0), (3, 5), (7, 2), (2, D + 3)):  # (2, D + 3): the pending token's embedding
         w2 = w.copy()
         w2[i, j] += eps
         assert (head_step(w2, b, out, h, y)[0] - loss) / eps == pytest.approx(dw[i, j], rel=1e-3, abs=1e-6)
@@ -89,8 +97,8 @@ def test_the_training_step_s_gradients_are_the_loss_s():
 
 def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_distribution():
     rng = np.random.default_rng(4)
-    w, b = rng.normal(0, 0.3, (D, D)), rng.normal(0, 0.1, D)
-    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, D)), np.array([2, 5, 7])
+    w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
+    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, 2 * D)), np.array([2, 5, 7])
     ids = np.array([[2, 3, -1], [5, -1, -1], [-1, -1, -1]])  # -1: off the map
     p = np.array([[0.5, 0.25, 0.25], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]], np.float32)
     t = targets(y, N, (ids, p))
@@ -119,10 +127,52 @@ def test_training_learns_a_rule_the_heads_can_express():
     out = rng.normal(0, 1, (64, d)).astype(np.float32)
     ahead = (hidden[:, rng.permutation(d)] @ out.T).argmax(axis=1)
     labels = np.roll(ahead, 1)  # labels[i + 1]: head 1's token at row i
-    states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32))
+    states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32),
+                    rng.integers(0, 64, n))
     heads, report = train(states, 64, lambda t: out[t], TrainConfig(heads=1, n_tokens=64, epochs=20, lr=3e-3),
                           {"format": FORMAT})
     assert report.top1[0] > report.base_top1[0] + 0.1, report
+
+
+def test_training_learns_from_the_pending_token():
+    """The token after the pending one is a function of the pending token alone (nothing in the
+    hidden state tells it): the heads learn it from the pending token's row of E_N, and cannot
+    where the text's pending tokens are not given."""
+    rng = np.random.default_rng(1)
+    n, d, v = 3000, 16, 64
+    hidden = rng.normal(0, 1, (n, d)).astype(np.float32)
+    pending = rng.integers(0, v, n)
+    out = rng.normal(0, 1, (v, d)).astype(np.float32)
+    after = (out[pending] @ rng.normal(0, 1, (d, d)) @ out.T).argmax(axis=1)  # the token after the pending one
+    labels = np.roll(after, 1)
+    config = TrainConfig(heads=1, n_tokens=v, epochs=20, lr=3e-3)
+    states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32), pending)
+    _, report = train(states, v, lambda t: out[t], config, {"format": FORMAT})
+    states.next = np.full(n, -1)
+    _, blind = train(states, v, lambda t: out[t], config, {"format": FORMAT})
+    assert report.base_top1[0] < 0.1 and report.top1[0] > 0.3 and blind.top1[0] < 0.15, (report, blind)
+
+
+def test_the_calibration_says_how_often_a_head_was_right_and_the_source_goes_by_it():
+    heads = fake_heads(k=1)
+    rng = np.random.default_rng(2)
+    n = 400
+    hidden = rng.normal(0, 1, (n, D)).astype(np.float32)
+    never = np.full(n, V + 1)  # a token off the map: the head is never right
+    states = States(hidden, never, np.zeros(n, np.int64), never[:, None], np.ones((n, 1), np.float32),
+                    rng.integers(0, V, n))
+    rows = np.arange(n)
+
+    def inputs(r):
+        return np.concatenate([states.hidden[r], heads.pending(states.next[r])], axis=1)
+    wrong = calibration(heads, states, rows, inputs, weight=5.0)
+    seen = np.flatnonzero(wrong[0] < np.arange(11) / 10)
+    assert len(seen) >= 2 and (wrong[0, seen] < 0.5 * np.arange(11)[seen] / 10).all()  # shrunk towards 0
+    heads.calibration = np.zeros((1, 11))
+    source = HeadsSource(heads, max_nodes=8)
+    source.learn(Outcome(tokens=[1, 2, 3], candidates=(), verified=(), emitted=(3,), hidden=hidden[0]))
+    proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), np.random.default_rng(0))
+    assert proposal.candidates and all(e == Guess(1, 0) for c in proposal.candidates for e in c.evidence)
 
 
 def budget(max_len=3, candidates=4):
@@ -138,7 +188,7 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert source.propose([1, 2, 3, 4], budget(), SamplingConfig(), rng).candidates == ()  # another text
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), rng)
     assert 1 <= len(proposal.candidates) <= 4
-    logits = source.heads.logits(h)
+    logits = source.heads.logits(h, 3)
     for c in proposal.candidates:
         assert all(isinstance(e, Guess) and e in PRIORS for e in c.evidence)
         assert all(t in source.heads.tokens for t in c.tokens) and len(c.tokens) <= 3
@@ -229,3 +279,19 @@ def asked_share(source: Slow, steps: int = 120) -> float:
 def test_a_source_with_a_gate_of_its_own_is_asked_while_it_repays_its_time():
     assert asked_share(Slow(3.0, right=False)) < 0.3  # 3 decodes of time a step for nothing
     assert asked_share(Slow(0.2, right=True)) > 0.9  # a token a step for a fifth of a decode
+
+
+def test_the_bench_runs_the_heads_cached_in_the_cache_it_is_given(tmp_path):
+    from llamaspec.measure.settings import BenchSettings, check_strategies, default_strategies
+    from llamaspec.errors import ConfigError
+    model = tmp_path / "some-model.gguf"
+    model.write_bytes(b"GGUF")
+    settings = BenchSettings(str(model))
+    with pytest.raises(ConfigError, match="needs a heads file"):
+        check_strategies(["heads"], settings, tmp_path)
+    assert "heads" not in default_strategies(settings, tmp_path)
+    cached = tmp_path / "heads" / "some-model.gguf.heads.npz"
+    cached.parent.mkdir()
+    fake_heads().save(cached)
+    check_strategies(["heads"], settings, tmp_path)
+    assert "heads" in default_strategies(settings, tmp_path)
