@@ -279,10 +279,24 @@ def test_a_full_queue_answers_503_at_once(server):
     assert max(busy) < 2.0  # at once, not after waiting
 
 
+def assert_same_or_near_tie(a, b) -> None:
+    """Two greedy answers of a speculating server to one prompt: the same text, or the first token
+    they differ at a near-tie of the first's (a verify batch is not one row at a time)."""
+    if a.text == b.text:
+        return
+    ta, tb = a.logprobs.tokens, b.logprobs.tokens
+    k = next(i for i, (x, y) in enumerate(zip(ta + [None], tb + [None])) if x != y)
+    top = a.logprobs.top_logprobs[k]
+    assert tb[k] in top and top[ta[k]] - top[tb[k]] < NEAR_TIE, (k, ta[k], tb[k], top)
+
+
 def test_a_client_gone_mid_stream_stops_its_generation_and_the_next_request_is_right(server):
     client = server.client()
-    expected = client.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=24,
-                                         temperature=0).choices[0].text
+
+    def fibonacci():
+        return client.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=24, temperature=0,
+                                         logprobs=2).choices[0]
+    expected = fibonacci()
     body = json.dumps({"prompt": "Write a long story about a dragon.", "max_tokens": 2000, "temperature": 0,
                        "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as s:
@@ -294,9 +308,9 @@ def test_a_client_gone_mid_stream_stops_its_generation_and_the_next_request_is_r
             assert data, seen
             seen += data
     t0 = time.monotonic()  # the socket is closed: the generation must end now, not after 2000 tokens
-    again = client.completions.create(model="x", prompt="def fibonacci(n):", max_tokens=24, temperature=0)
+    again = fibonacci()
     assert time.monotonic() - t0 < 10
-    assert again.choices[0].text == expected
+    assert_same_or_near_tie(expected, again)
     assert server.get("/health") == (200, {"status": "ok"})
 
 
