@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..config import check
-from ..sources.heads import MAX_HEADS, RANKS, Heads, silu
+from ..sources.heads import MAX_HEADS, RANKS, Heads
 from .data import States
 
 COVERAGE = 0.95  # the map's default size: the fewest tokens that make this share of the target's
@@ -158,51 +158,33 @@ def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, x: np.ndarray, y: n
     return loss, da.T @ x, da.sum(axis=0)
 
 
-def agreement(heads: Heads, states: States, rows: np.ndarray, inputs: Callable[[np.ndarray], np.ndarray],
-              chunk: int = 512) -> Tuple[List[float], List[float]]:
-    """Each head's top-1 and top-5 agreement with the target's token k places after the pending
-    one on ``rows`` (``inputs(rows)``: their [h; e])."""
-    top1, top5 = [], []
-    d = heads.out.shape[1]
-    for k in range(1, heads.k + 1):
-        idx, labels = states.ahead(k, rows)
-        hit1 = hit5 = 0
-        for start in range(0, len(idx), chunk):
-            x = inputs(idx[start:start + chunk])
-            a = x @ heads.w[k - 1].T + heads.b[k - 1]
-            logits = (x[:, :d] + silu(a)) @ heads.out.T
-            best = heads.tokens[np.argpartition(logits, -5, axis=1)[:, -5:]] if logits.shape[1] >= 5 else \
-                heads.tokens[np.argsort(logits, axis=1)]
-            first = heads.tokens[logits.argmax(axis=1)]
-            y = labels[start:start + chunk]
-            hit1 += int((first == y).sum())
-            hit5 += int((best == y[:, None]).any(axis=1).sum())
-        top1.append(hit1 / max(1, len(idx)))
-        top5.append(hit5 / max(1, len(idx)))
-    return top1, top5
-
-
-def calibration(heads: Heads, states: States, rows: np.ndarray, inputs: Callable[[np.ndarray], np.ndarray],
-                weight: float = PRIOR_WEIGHT, chunk: int = 512) -> np.ndarray:
-    """How often each head's token is the target's, by the head's probability for it: (K, 11),
-    ``[k - 1, d]`` over head k's best RANKS tokens on ``rows`` whose probability rounds to d / 10
-    (a decile seen on few rows leans on d / 10, as if seen ``weight`` times)."""
-    d = heads.out.shape[1]
+def held_out(heads: Heads, states: States, rows: np.ndarray, weight: float = PRIOR_WEIGHT, chunk: int = 512
+             ) -> Tuple[List[float], List[float], np.ndarray]:
+    """The heads measured on ``rows``, in one pass: each head's top-1 and top-5 agreement with
+    the target's token k places after the pending one, and its calibration (K, 11): ``[k - 1,
+    d]``, how often head k's best RANKS tokens whose probability rounds to d / 10 were the
+    target's (a decile seen on few rows leans on d / 10, as if seen ``weight`` times)."""
+    n, hit1, hit5 = np.zeros(heads.k), np.zeros(heads.k), np.zeros(heads.k)
     hits, seen = np.zeros((heads.k, 11)), np.zeros((heads.k, 11))
-    for k in range(1, heads.k + 1):
-        idx, labels = states.ahead(k, rows)
-        for start in range(0, len(idx), chunk):
-            x = inputs(idx[start:start + chunk])
-            logits = (x[:, :d] + silu(x @ heads.w[k - 1].T + heads.b[k - 1])) @ heads.out.T
-            logits -= logits.max(axis=1, keepdims=True)
-            p = np.exp(logits)
+    for start in range(0, len(rows), chunk):
+        part = rows[start:start + chunk]
+        every = heads.hidden(states.hidden[part], heads.pending(states.next[part])) @ heads.out.T  # (K, B, N)
+        for k in range(1, heads.k + 1):
+            idx, labels = states.ahead(k, part)
+            logits = every[k - 1][np.isin(part, idx)]
+            p = np.exp(logits - logits.max(axis=1, keepdims=True))
             p /= p.sum(axis=1, keepdims=True)
-            top = np.argpartition(p, -RANKS, axis=1)[:, -RANKS:] if p.shape[1] > RANKS else np.argsort(p, axis=1)
-            decile = np.rint(10 * np.take_along_axis(p, top, axis=1)).astype(np.int64)
-            hit = heads.tokens[top] == labels[start:start + chunk, None]
-            np.add.at(hits[k - 1], decile.ravel(), hit.ravel())
+            top = np.argpartition(-p, min(5, p.shape[1]) - 1, axis=1)[:, :5]  # the best five (RANKS <= 5)
+            order = np.take_along_axis(top, np.argsort(-np.take_along_axis(p, top, axis=1), axis=1), axis=1)
+            right = heads.tokens[order] == labels[:, None]
+            n[k - 1] += len(idx)
+            hit1[k - 1] += right[:, 0].sum()
+            hit5[k - 1] += right[:, :5].any(axis=1).sum()
+            decile = np.rint(10 * np.take_along_axis(p, order[:, :RANKS], axis=1)).astype(np.int64)
+            np.add.at(hits[k - 1], decile.ravel(), right[:, :RANKS].ravel())
             np.add.at(seen[k - 1], decile.ravel(), 1)
-    return (hits + weight * np.arange(11) / 10) / (seen + weight)
+    n = np.maximum(n, 1)
+    return list(hit1 / n), list(hit5 / n), (hits + weight * np.arange(11) / 10) / (seen + weight)
 
 
 def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndarray], config: TrainConfig,
@@ -224,7 +206,7 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
         """[h; e] of ``rows``"""
         return np.concatenate([states.hidden[rows], heads.pending(states.next[rows])], axis=1)
 
-    base1, _ = agreement(heads, states, held_rows, inputs)
+    base1, _, _ = held_out(heads, states, held_rows)
     examples = []
     for k in range(1, config.heads + 1):
         rows, labels = states.ahead(k, train_rows)
@@ -251,8 +233,7 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
             progress(done, steps, float(np.mean(losses)))
     except KeyboardInterrupt:
         interrupted = True
-    top1, top5 = agreement(heads, states, held_rows, inputs)
-    heads.calibration = calibration(heads, states, held_rows, inputs)
+    top1, top5, heads.calibration = held_out(heads, states, held_rows)
     report = Report(rows=len(train_rows), held_out_rows=len(held_rows), n_tokens=len(tokens), coverage=coverage,
                     steps=done, interrupted=interrupted, seconds=time.perf_counter() - t0, top1=tuple(top1),
                     top5=tuple(top5), base_top1=tuple(base1))

@@ -17,7 +17,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import calibration, head_step, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import head_step, held_out, targets, token_map, TrainConfig, train
 from llamaspec.training.data import States
 
 D, N, V = 8, 12, 40
@@ -161,11 +161,8 @@ def test_the_calibration_says_how_often_a_head_was_right_and_the_source_goes_by_
     never = np.full(n, V + 1)  # a token off the map: the head is never right
     states = States(hidden, never, np.zeros(n, np.int64), never[:, None], np.ones((n, 1), np.float32),
                     rng.integers(0, V, n))
-    rows = np.arange(n)
-
-    def inputs(r):
-        return np.concatenate([states.hidden[r], heads.pending(states.next[r])], axis=1)
-    wrong = calibration(heads, states, rows, inputs, weight=5.0)
+    top1, top5, wrong = held_out(heads, states, np.arange(n), weight=5.0)
+    assert top1 == [0.0] and top5 == [0.0]
     seen = np.flatnonzero(wrong[0] < np.arange(11) / 10)
     assert len(seen) >= 2 and (wrong[0, seen] < 0.5 * np.arange(11)[seen] / 10).all()  # shrunk towards 0
     heads.calibration = np.zeros((1, 11))
