@@ -22,7 +22,9 @@ from conftest import ROOT, SMOL, THREADS, assert_one_line_error, chatml, run
 
 def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file, tmp_path):
     """Trained into a cache directory by default, the heads are found there for that model with no
-    flag (auto runs them), and their report says how each head does on held-out text."""
+    flag (auto asks them), and their report says how each head does on held-out text. Whether the
+    planner verifies what heads trained on 1024 tokens propose is its call by this machine's costs
+    (CI's machine verified none); that they draft and keep the text: tests/real/test_sources.py."""
     model = tmp_path / "models" / "smol.gguf"
     model.parent.mkdir()
     shutil.copy(model_file(SMOL), model)
@@ -40,7 +42,13 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
     try:
         r = spec.generate(chatml("Write a Python function that adds two numbers."), max_tokens=24, temperature=0)
-        assert r.stats.sources["heads"].drafted > 0  # auto ran the heads it found
+        assert "heads" in r.stats.sources  # every source auto asked is listed, verified or not
+    finally:
+        spec.close()
+    spec = llamaspec.load(str(model), cache_dir=tmp_path / "empty", n_threads=THREADS, progress=False)
+    try:  # no heads in that cache: auto asks none
+        r = spec.generate(chatml("Write a Python function that adds two numbers."), max_tokens=4, temperature=0)
+        assert r.stats.sources and "heads" not in r.stats.sources
     finally:
         spec.close()
 
