@@ -18,7 +18,7 @@ from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
 from llamaspec.training.fit import head_step, held_out, targets, token_map, TrainConfig, train
-from llamaspec.training.data import States
+from llamaspec.training.data import SPREAD, States, best
 
 D, N, V = 8, 12, 40
 
@@ -108,6 +108,24 @@ def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_d
     w2 = w.copy()
     w2[1, 4] += 1e-6
     assert (head_step(w2, b, out, h, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dw[1, 4], rel=1e-3, abs=1e-6)
+
+
+def test_the_target_s_best_tokens_and_their_probabilities_are_its_softmax_s():
+    """best() looks only near each row's best: the same tokens and probabilities as a full sort of
+    the softmax, the argmax first (the first of equal bests), and a peaked row filled with its
+    best token at probability 0."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((40, 5000)) * 2).astype(np.float32)
+    logits[:, 7] += np.linspace(0, 30, 40, dtype=np.float32)  # from flat rows to peaked ones
+    logits[0, [11, 12]] = logits[0].max() + 1  # a tie: the first is the argmax
+    ids, p = best(logits)
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    z /= z.sum(axis=1, keepdims=True)
+    order = np.argsort(-z, axis=1, kind="stable")[:, :8]
+    near = np.take_along_axis(logits, order, axis=1) >= logits.max(axis=1, keepdims=True) - SPREAD
+    assert np.array_equal(ids[:, 0], logits.argmax(axis=1)) and ids[0, 0] == 11 and ids[0, 1] == 12
+    assert np.array_equal(ids[near], order[near]) and np.allclose(p[near], np.take_along_axis(z, order, axis=1)[near])
+    assert not near.all() and (p[~near] == 0).all() and (ids[~near] == ids[:, :1].repeat(8, axis=1)[~near]).all()
 
 
 def test_token_map_takes_the_most_frequent_tokens():
