@@ -15,7 +15,7 @@ from ..sources.heads import FORMAT, cached_path
 from .data import collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
-TOKENS = 65536  # rows of the default training text
+TOKENS = 131072  # rows of the default training text: the 1.5B's head 1 reached 0.52 on 2 cores in 27 min
 ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
 
 
