@@ -40,7 +40,7 @@ class Piece:
 
 TOP = 8  # the target's most likely tokens kept per row, with their probabilities
 SPREAD = 8.0  # nats below a row's best where its TOP tokens are looked for
-CHUNK = 16  # rows of logits worked on at once: a few MB, where a whole window's temporaries
+CHUNK = 16  # rows of logits worked on at once: temporaries of a few MB, reused, not a window's 300 MB fresh
 
 
 def best(logits: np.ndarray, k: int = TOP) -> Tuple[np.ndarray, np.ndarray]:
@@ -131,8 +131,9 @@ def answer(ctx: Context, model: Model, prompt: Sequence[int], n_new: int, piece:
     for _ in range(n_new + 1):
         ctx.decode_rows([(token, pos, (0,), True)], hidden=True)
         hidden.append(np.array(ctx.hidden(1)[0]))
-        tops.append(best(ctx.logits(1)))
-        token, pos = int(tops[-1][0][0, 0]), pos + 1
+        top, top_p = best(ctx.logits(1))
+        tops.append((top, top_p))
+        token, pos = int(top[0, 0]), pos + 1
         labels.append(token)
         if model.is_eog(token):
             break
