@@ -85,3 +85,27 @@ def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
     assert_one_line_error(run("generate", "-m", str(other), "--heads", str(cut), "-p", "hi", "-n", "4"), "cut short")
     assert_one_line_error(run("generate", "-m", str(other), "--spec", "heads", "-p", "hi", "-n", "4"),
                           "needs a heads file")
+
+
+def test_the_default_mix_s_answers_are_the_target_s_greedy_text(model_file):
+    """training.data.answer: one row per generated token, labelled with the token plain decoding
+    emits there (its best, first in the row's best tokens), the pending token the same."""
+    from llamaspec.training.data import answer
+    path = model_file(SMOL)
+    model = Model(path)
+    ctx = model.context(1024, THREADS, 512, 1)
+    try:
+        prompt = model.tokenize(chatml("Write a Python function that adds two numbers."), add_special=False,
+                                parse_special=True)
+        states = answer(ctx, model, prompt, 12, 0)
+    finally:
+        ctx.close()
+        model.close()
+    spec = llamaspec.load(str(path), spec="none", n_threads=THREADS, progress=False)
+    try:
+        plain = spec.generate(prompt, max_tokens=13, temperature=0).tokens
+    finally:
+        spec.close()
+    assert list(states.labels) == list(plain)[:len(states)] and len(states) == 13
+    assert np.array_equal(states.top[:, 0], states.labels) and np.array_equal(states.next, states.labels)
+    assert (np.diff(states.top_p, axis=1) <= 0).all() and (states.top_p.sum(axis=1) <= 1 + 1e-5).all()
