@@ -44,6 +44,7 @@ def main() -> None:
     file = args.heads or cached_path(path, models.cache_dir())
     heads = Heads.read(file)
     heads.check_model(path, model.n_vocab, model.n_embd, file)
+    drafter = heads.drafter()
     curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
     suite = {p["name"]: p for p in json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json")
                                              .read_text())}
@@ -58,9 +59,9 @@ def main() -> None:
         tokens, hidden = [int(t) for t in states.labels], states.hidden
         for sources in SETS:
             t0 = time.perf_counter()
-            free = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": heads}), hidden=hidden)
+            free = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": drafter}), hidden=hidden)
             host = (time.perf_counter() - t0) * 1000 / max(1, free.n_steps) / curve.ms_per_token
-            charged = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": heads}),
+            charged = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": drafter}),
                              ask_cost=host, hidden=hidden)
             print(f"{name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time, "
                   f"{charged.speedup:.2f}x after it ({host:.2f} decodes a step); accepted "

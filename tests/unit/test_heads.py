@@ -38,6 +38,16 @@ def test_a_pending_token_is_its_row_of_the_map_s_output_matrix_or_zero():
     assert np.array_equal(heads.pending(np.array([on, off])), np.stack([heads.out[3], np.zeros(D)]))
 
 
+def test_the_drafter_computes_the_heads_logits_as_defined():
+    heads = fake_heads()
+    drafter = heads.drafter()
+    h = np.random.default_rng(3).normal(0, 1, D).astype(np.float32)
+    on, off = int(heads.tokens[7]), next(t for t in range(V) if t not in heads.tokens)
+    for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1])):
+        assert np.allclose(drafter.logits(h, pending, 3), heads.logits(h, pending), atol=1e-5)
+        assert np.allclose(drafter.logits(h, pending, 1), heads.logits(h, pending)[:1], atol=1e-5)
+
+
 def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
     guesses = [[(10, 0.9), (11, 0.3)], [(20, 0.8), (21, 0.5)], [(30, 0.2), (31, 0.1)]]
     leaves = tree(guesses, max_nodes=4, max_len=3)
@@ -184,7 +194,7 @@ def test_the_calibration_says_how_often_a_head_was_right_and_the_source_goes_by_
     seen = np.flatnonzero(wrong[0] < np.arange(11) / 10)
     assert len(seen) >= 2 and (wrong[0, seen] < 0.5 * np.arange(11)[seen] / 10).all()  # shrunk towards 0
     heads.calibration = np.zeros((1, 11))
-    source = HeadsSource(heads, max_nodes=8)
+    source = HeadsSource(heads.drafter(), max_nodes=8)
     source.learn(Outcome(tokens=[1, 2, 3], candidates=(), verified=(), emitted=(3,), hidden=hidden[0]))
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), np.random.default_rng(0))
     assert proposal.candidates and all(e == Guess(1, 0) for c in proposal.candidates for e in c.evidence)
@@ -195,7 +205,7 @@ def budget(max_len=3, candidates=4):
 
 
 def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
-    source = HeadsSource(fake_heads(), max_nodes=8)
+    source = HeadsSource(fake_heads().drafter(), max_nodes=8)
     rng = np.random.default_rng(0)
     assert source.propose([1, 2, 3], budget(), SamplingConfig(), rng).candidates == ()  # nothing learned yet
     h = np.random.default_rng(1).normal(0, 1, D).astype(np.float32)
@@ -203,7 +213,7 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert source.propose([1, 2, 3, 4], budget(), SamplingConfig(), rng).candidates == ()  # another text
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), rng)
     assert 1 <= len(proposal.candidates) <= 4
-    logits = source.heads.logits(h, 3)
+    logits = source.heads.logits(h, 3, 3)
     for c in proposal.candidates:
         assert all(isinstance(e, Guess) and e in PRIORS for e in c.evidence)
         assert all(t in source.heads.tokens for t in c.tokens) and len(c.tokens) <= 3
@@ -217,7 +227,7 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
 def test_sampling_through_the_heads_tree_keeps_the_target_s_distribution():
     """The heads' candidates are deterministic: the walk draws each token from p and follows a
     child that holds it, so the first two tokens are distributed as p(x1) p(x2 | x1)."""
-    source = HeadsSource(fake_heads(k=2, seed=4), max_nodes=8)
+    source = HeadsSource(fake_heads(k=2, seed=4).drafter(), max_nodes=8)
     h = np.random.default_rng(2).normal(0, 1, D).astype(np.float32)
     source.learn(Outcome(tokens=[0], candidates=(), verified=(), emitted=(0,), hidden=h))
     proposal = source.propose([0], budget(max_len=2), SamplingConfig(temperature=1.0), np.random.default_rng(0))
