@@ -30,7 +30,7 @@ from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
 from ..training import TrainConfig, train_heads
-from ..training.run import TOKENS
+from ..training.run import SMALL, SMALL_TOKENS, TOKENS
 from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
                       split_names, write_text, _placement)
 
@@ -209,7 +209,9 @@ def heads_group() -> None:
                    "standard library and installed packages' descriptions].")
 @click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
               help="Heads: head k guesses the token k places after the next one.")
-@click.option("--tokens", type=int, default=TOKENS, show_default=True, help="Tokens of training text to read.")
+@click.option("--tokens", type=int, default=None,
+              help=f"Tokens of training text to read [default: {TOKENS:,}; {SMALL_TOKENS:,} for a target under "
+                   f"{SMALL // 10**9}B parameters].")
 @click.option("--map-tokens", "n_tokens", type=int, default=0,
               help="Tokens the heads can guess: the most frequent of the target's [default: 0, those that "
                    "make 95% of the target's tokens on the text, 1024 to 8192].")
@@ -220,7 +222,7 @@ def heads_group() -> None:
                    "bench find them without --heads].")
 @click.option("-t", "--threads", "n_threads", type=int, default=None, help="Threads [default: all cores].")
 @cache_option
-def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tokens: int, n_tokens: int,
+def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tokens: Optional[int], n_tokens: int,
                 epochs: float, seed: int, output: Optional[Path], n_threads: Optional[int],
                 cache_dir: Optional[Path]) -> None:
     """Train draft heads for a model on this machine, from its own hidden states and tokens."""

@@ -113,6 +113,7 @@ class Model:
         self.n_ctx_train: int = ll.llama_model_n_ctx_train(ptr)
         self.n_layer: int = ll.llama_model_n_layer(ptr)
         self.n_embd: int = ll.llama_model_n_embd(ptr)
+        self.n_params: int = ll.llama_model_n_params(ptr)
         self._pieces: dict = {}
         self._eog: Optional[FrozenSet[int]] = None
 

@@ -134,7 +134,7 @@ class Heads:
         """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
         B of each (B, d)."""
         x = np.concatenate([h, e], axis=-1)
-        a = np.einsum("kij,...j->k...i", self.w, x) + (self.b if h.ndim == 1 else self.b[:, None, :])
+        a = np.matmul(x, self.w.transpose(0, 2, 1)) + (self.b if h.ndim == 1 else self.b[:, None, :])
         return h + silu(a)
 
     def logits(self, h: np.ndarray, pending: int) -> np.ndarray:

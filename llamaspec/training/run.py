@@ -15,19 +15,23 @@ from ..sources.heads import FORMAT, cached_path
 from .data import collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
-TOKENS = 131072  # rows of the default training text: the 1.5B's head 1 reached 0.52 on 2 cores in 27 min
+# Rows of the default training text: the 1.5B's head 1 reached 0.52 on 2 cores in 27 min. A target
+# under SMALL parameters reads half as many: SmolLM2-135M reads its states only 2.6x faster than
+# the 1.5B (368 against 142 tok/s on 2 cores), so 131,072 took 6 min to read, 65,536 trains in 3.
+TOKENS, SMALL_TOKENS, SMALL = 131072, 65536, 1_000_000_000
 ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
 
 
 def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = TrainConfig(),
-                output: Optional[Path] = None, tokens: int = TOKENS, answer_tokens: int = ANSWER_TOKENS,
+                output: Optional[Path] = None, tokens: Optional[int] = None, answer_tokens: int = ANSWER_TOKENS,
                 threads: Optional[int] = None, cache_dir: Optional[Path] = None, progress: bool = True
                 ) -> Tuple[Path, Report]:
     """Heads for ``model`` trained on ``files`` (default: the mix of training/data.py), written to
     ``output`` (default: where they are found without --heads, training.run's ``cached_path``).
     Returns the file and the training's report. Ctrl-C while the text is read trains on what
-    was read; while training, keeps the heads as they are."""
-    if tokens < 64:
+    was read; while training, keeps the heads as they are. ``tokens``: the text's rows to read
+    (default: ``default_tokens``)."""
+    if tokens is not None and tokens < 64:
         raise ConfigError(f"training needs at least 64 tokens of text, got {tokens}")
     for f in files:
         if not Path(f).is_file():
@@ -36,6 +40,7 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     out = Path(output) if output is not None else cached_path(path, models.cache_dir(cache_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     target = Model(path)
+    tokens = tokens if tokens is not None else default_tokens(target.n_params)
     try:
         ctx = target.context(2048, threads or default_threads(), 512, 1)
         try:
@@ -59,3 +64,8 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
         return out, report
     finally:
         target.close()
+
+
+def default_tokens(n_params: int) -> int:
+    """Rows of training text read by default for a target of ``n_params`` parameters."""
+    return SMALL_TOKENS if n_params < SMALL else TOKENS
