@@ -102,9 +102,11 @@ class Speculator:
         self.ends = ends
         self.gate = Gate()
         # a source whose proposing takes time of its own (Source.own_gate) is asked only while
-        # the tokens of its accepted in the steps that asked it repay that time
+        # the tokens of its accepted in the steps that asked it repay that time and its share of
+        # the rows verified
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
+        self._plain = 0.0  # what a plain step costs under this step's limits
 
     @property
     def costs(self) -> CostModel:
@@ -136,7 +138,8 @@ class Speculator:
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         limits = replace(limits, length=len(tokens))
-        if not self.planner.fixed and not self.gate.ask(self.planner.plain_cost(limits)):
+        self._plain = self.planner.plain_cost(limits)
+        if not self.planner.fixed and not self.gate.ask(self._plain):
             return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
                                  admit=admit, rate_of=rate_of, asked=False)
         candidates: List[Candidate] = []
@@ -187,7 +190,8 @@ class Speculator:
         ``limits``: the step's, now that the lanes planned before took their rows."""
         limits = replace(limits, length=len(asked.tokens))
         if limits != asked.limits:  # the gate weighs this step's cost against a plain one's under the same limits
-            self.gate.plain(self.planner.plain_cost(limits))
+            self._plain = self.planner.plain_cost(limits)
+            self.gate.plain(self._plain)
         candidates, rates = list(asked.candidates), list(asked.rates)
         sunk = 0.0
         for (source, _), (proposal, _) in zip(asked.drafting, drafted):
@@ -217,9 +221,10 @@ class Speculator:
         def foresaw(candidates: Sequence[Candidate]) -> bool:  # one held every token the step emitted
             return any(c.tokens[:n] == outcome.emitted for c in candidates)
         self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
+        extra = max(0.0, outcome.cost - self._plain)  # what the step's verified rows cost over a plain step
         for name, seconds in self._own_seconds.items():
             accepted = sum(1 for sources in outcome.path_sources if name in sources)
-            self.own_gates[name].learn(accepted, 0.0, units(seconds),
+            self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds),
                                        foresaw([c for c in outcome.candidates if c.source == name]))
         self._own_seconds = {}
         for source in self.sources:
@@ -227,6 +232,16 @@ class Speculator:
 
     def contexts(self) -> list:
         return [ctx for source in self.sources for ctx in source.contexts()]
+
+
+def _share(outcome: Outcome, name: str) -> float:
+    """The share of the step's verified rows (trie nodes and window rows) that held a token of
+    source ``name``."""
+    nodes = {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) for i in range(1, n + 1)}
+    mine = {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) if c.source == name
+            for i in range(1, n + 1)}
+    rows = len(nodes) + len(outcome.window_tokens or ())
+    return len(mine) / rows if rows else 0.0
 
 
 def _after_forced(lead: Sequence[int], cand: Candidate) -> Candidate:

@@ -12,7 +12,7 @@ from llamaspec.engine.acceptance import walk_sampled
 from llamaspec.planning.acceptance_model import AcceptanceModel
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.planning.planner import Limits, Planner
-from llamaspec.planning.speculator import Speculator
+from llamaspec.planning.speculator import Speculator, _share
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
@@ -304,6 +304,24 @@ def asked_share(source: Slow, steps: int = 120) -> float:
 def test_a_source_with_a_gate_of_its_own_is_asked_while_it_repays_its_time():
     assert asked_share(Slow(3.0, right=False)) < 0.3  # 3 decodes of time a step for nothing
     assert asked_share(Slow(0.2, right=True)) > 0.9  # a token a step for a fifth of a decode
+
+
+def test_a_source_with_a_gate_of_its_own_pays_for_its_share_of_the_rows_verified():
+    """A step verified one token of the heads and one of lookup, both rejected, for 1.7 decodes
+    over a plain step's: the heads' gate learns half of that as a loss, as the speculator's own
+    gate learns the whole step's."""
+    curve = CostCurve(relative=[1.0, 1.85, 2.7] + [3.0] * 29, ms_per_token=1.0, threads=1, backend="test")
+    sp = Speculator([Slow(0.0, right=False)], AcceptanceModel(), Planner(CostModel(curve)))
+    tokens = [0, 1, 2]
+    sp.propose(tokens, Limits(max_depth=4, max_rows=8, room=100), SamplingConfig(temperature=0), np.random.default_rng(0))
+    gate = sp.own_gates["heads"]
+    before = gate.gain
+    wrong = (Candidate((7,), "heads", (Guess(1, 9),)), Candidate((8,), "lookup", (0,)))
+    sp.learn(Outcome(tokens=tokens + [3], candidates=wrong, verified=(1, 1), emitted=(3,), cost=2.7))
+    assert gate.gain == pytest.approx(gate.DECAY * before + (1 - gate.DECAY) * -(2.7 - 1.0) / 2)
+    shared = (Candidate((7, 9), "heads", (Guess(1, 9), Guess(2, 9))), Candidate((7,), "lookup", (0,)))
+    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "heads") == 1.0
+    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "lookup") == 0.5
 
 
 def test_the_bench_runs_the_heads_cached_in_the_cache_it_is_given(tmp_path):
