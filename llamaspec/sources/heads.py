@@ -11,7 +11,8 @@ after the pending one, x[t+1+k], from h and a vector e standing for x[t+1]::
 
 e is the pending token's row of E_N (zero for a token off the map): h alone does not say which
 token the target chose from it where it hesitated, e does (docs/design.md: what it adds). A
-head costs a d x 2d and an N x d product on vectors the target computed anyway. The N tokens
+head costs a d x d and an N x d product on vectors the target computed anyway (W_k's half for e
+is looked up: ``Drafter``). The N tokens
 are the most frequent among the target's own choices on the training text (FR-Spec's idea);
 a token outside them is never guessed.
 
@@ -148,7 +149,6 @@ class Heads:
         table = np.stack([self.out @ w[:, d:].T for w in self.w])  # (K, N, d): W_k^e e for each e of E_N
         return Drafter(np.ascontiguousarray(self.w[:, :, :d]), self.b, table, self.tokens, self.out,
                        np.asarray(self.calibration))
-
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".part")
