@@ -107,6 +107,7 @@ class Speculator:
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
         self._plain = 0.0  # what a plain step costs under this step's limits
+        self._sunk = 0.0  # what a draft model's drafting cost this step (in the plan's cost, not a row's)
 
     @property
     def costs(self) -> CostModel:
@@ -138,7 +139,7 @@ class Speculator:
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
         rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
         limits = replace(limits, length=len(tokens))
-        self._plain = self.planner.plain_cost(limits)
+        self._plain, self._sunk = self.planner.plain_cost(limits), 0.0
         if not self.planner.fixed and not self.gate.ask(self._plain):
             return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
                                  admit=admit, rate_of=rate_of, asked=False)
@@ -201,6 +202,7 @@ class Speculator:
             for cand in filter(None, map(asked.admit, proposal.candidates)):
                 candidates.append(cand)
                 rates.append(asked.rate_of(cand))
+        self._sunk = sunk
         if asked.choice is not None and not asked.drafting and limits == asked.limits:
             choice = asked.choice  # nothing drafted: the choice among the cheap candidates stands
         else:
@@ -221,7 +223,7 @@ class Speculator:
         def foresaw(candidates: Sequence[Candidate]) -> bool:  # one held every token the step emitted
             return any(c.tokens[:n] == outcome.emitted for c in candidates)
         self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
-        extra = max(0.0, outcome.cost - self._plain)  # what the step's verified rows cost over a plain step
+        extra = max(0.0, outcome.cost - self._sunk - self._plain)  # what the step's rows cost over a plain step
         for name, seconds in self._own_seconds.items():
             accepted = sum(1 for sources in outcome.path_sources if name in sources)
             self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds),

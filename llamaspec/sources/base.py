@@ -171,7 +171,8 @@ class Source:
     the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
     before its candidates (evidence ``FORCED``, which its plugin gives a prior). ``own_gate``:
     its proposing takes time of its own (draft heads' products), so it is asked only while the
-    tokens it gets accepted repay that time, measured (``planning/gate.py``, one gate of its own).
+    tokens it gets accepted repay that time, measured, and its share of the rows verified
+    (``planning/gate.py``, one gate of its own).
     """
 
     name: str = ""

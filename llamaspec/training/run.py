@@ -40,8 +40,8 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     out = Path(output) if output is not None else cached_path(path, models.cache_dir(cache_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     target = Model(path)
-    tokens = tokens if tokens is not None else default_tokens(target.n_params)
     try:
+        tokens = tokens if tokens is not None else default_tokens(target.n_params)
         ctx = target.context(2048, threads or default_threads(), 512, 1)
         try:
             pieces = file_texts(files) if files else default_texts(config.seed)

@@ -43,7 +43,7 @@ def test_the_drafter_computes_the_heads_logits_as_defined():
     drafter = heads.drafter()
     h = np.random.default_rng(3).normal(0, 1, D).astype(np.float32)
     on, off = int(heads.tokens[7]), next(t for t in range(V) if t not in heads.tokens)
-    for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1])):
+    for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1]), V + 5, -1):
         assert np.allclose(drafter.logits(h, pending, 3), heads.logits(h, pending), atol=1e-5)
         assert np.allclose(drafter.logits(h, pending, 1), heads.logits(h, pending)[:1], atol=1e-5)
 
