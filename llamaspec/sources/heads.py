@@ -102,6 +102,13 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def map_index(tokens: np.ndarray, y: Any) -> Tuple[Any, Any]:
+    """Where token(s) ``y`` sit in the sorted map ``tokens`` (a valid index either way), and
+    whether they are on it."""
+    i = np.minimum(np.searchsorted(tokens, y), len(tokens) - 1)
+    return i, tokens[i] == y
+
+
 @dataclass(eq=False)
 class Heads:
     """K heads over a map of N tokens: ``w`` (K, d, 2d) acting on [h; e], ``b`` (K, d),
@@ -127,9 +134,8 @@ class Heads:
     def pending(self, y: Any) -> np.ndarray:
         """e for pending token(s) ``y``: its row of E_N, zero for a token off the map; (d,) for one
         token, (B, d) for B."""
-        y = np.asarray(y)
-        i = np.minimum(np.searchsorted(self.tokens, y), len(self.tokens) - 1)
-        return np.where((self.tokens[i] == y)[..., None], self.out[i], np.float32(0))
+        i, on_map = map_index(self.tokens, np.asarray(y))
+        return np.where(on_map[..., None], self.out[i], np.float32(0))
 
     def hidden(self, h: np.ndarray, e: np.ndarray) -> np.ndarray:
         """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
@@ -222,8 +228,7 @@ class Drafter:
 
     def logits(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
         """The first ``k`` heads' logits over the map (k, N) for hidden state h (d,) and ``pending``."""
-        i = min(int(np.searchsorted(self.tokens, pending)), len(self.tokens) - 1)
-        on_map = self.tokens[i] == pending
+        i, on_map = map_index(self.tokens, pending)
         with _one_thread():
             a = self.w[:k] @ h + self.b[:k] + (self.table[:k, i] if on_map else 0.0)
             z = h + silu(a)
