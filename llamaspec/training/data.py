@@ -6,7 +6,8 @@ the same piece of text. On the target's own answers that is the text itself; on 
 (source code, documentation) it is what the target would have written next at each place.
 
     piece       rows: hidden states (d floats each)   labels: the target's argmax per row
-    answer      the prompt's last row, then one row per generated token (greedy, plain decoding)
+    answer      the prompt's last row, then one row per generated token (greedy, plain decoding;
+                GROUP answers decoded together, one row each per decode)
     text        windows of n_batch tokens, each read from position 0 in one decode
 """
 
@@ -40,6 +41,7 @@ class Piece:
 
 TOP = 8  # the target's most likely tokens kept per row, with their probabilities
 SPREAD = 8.0  # nats below a row's best where its TOP tokens are looked for
+GROUP = 32  # answers decoded together: a decode of 32 rows of the 1.5B costs 9.4 single ones on 2 cores
 CHUNK = 16  # rows of logits worked on at once: temporaries of a few MB, reused, not a window's 300 MB fresh
 
 
@@ -68,6 +70,9 @@ def best(logits: np.ndarray, k: int = TOP) -> Tuple[np.ndarray, np.ndarray]:
     return ids, p
 
 
+FIELDS = ("hidden", "labels", "piece", "top", "top_p", "next")  # States' arrays, one row each
+
+
 @dataclass
 class States:
     """Rows of hidden states (n, d) with the target's token after each (n,), the piece each row
@@ -93,13 +98,16 @@ class States:
         idx = idx[self.piece[idx + k] == self.piece[idx]]
         return idx, self.labels[idx + k]
 
+    def first(self, n: int) -> "States":
+        """The first ``n`` rows."""
+        return States(*(getattr(self, f)[:n] for f in FIELDS))
+
     @staticmethod
     def joined(parts: Sequence["States"], d: int) -> "States":
         if not parts:
             return States(np.zeros((0, d), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64),
                           np.zeros((0, TOP), np.int64), np.zeros((0, TOP), np.float32), np.zeros(0, np.int64))
-        return States(*(np.concatenate([getattr(p, f) for p in parts])
-                        for f in ("hidden", "labels", "piece", "top", "top_p", "next")))
+        return States(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
 def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
@@ -118,28 +126,54 @@ def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
     return States.joined(parts, ctx.model.n_embd)
 
 
-def answer(ctx: Context, model: Model, prompt: Sequence[int], n_new: int, piece: int) -> States:
-    """The target's greedy answer to ``prompt`` (plain decoding, up to ``n_new`` tokens or an end
-    of generation): the prompt's last row and every generated token's, as they are read."""
-    ctx.seq_rm(0, -1, -1)
-    prompt = list(prompt)[-(ctx.n_ctx - n_new - 1):]
-    for start in range(0, len(prompt) - 1, ctx.n_batch):  # all but the last token: no outputs needed
-        chunk = prompt[start:min(start + ctx.n_batch, len(prompt) - 1)]
-        ctx.decode_rows([(t, start + i, (0,), False) for i, t in enumerate(chunk)])
-    hidden, labels, tops = [], [], []
-    token, pos = prompt[-1], len(prompt) - 1
-    for _ in range(n_new + 1):
-        ctx.decode_rows([(token, pos, (0,), True)], hidden=True)
-        hidden.append(np.array(ctx.hidden(1)[0]))
-        top, top_p = best(ctx.logits(1))
-        tops.append((top, top_p))
-        token, pos = int(top[0, 0]), pos + 1
-        labels.append(token)
-        if model.is_eog(token):
-            break
-    ctx.seq_rm(0, -1, -1)
-    return States(np.array(hidden, dtype=np.float32), np.array(labels), np.full(len(labels), piece * 1_000_000),
-                  np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops]), np.array(labels))
+def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new: int, pieces: Sequence[int],
+            progress: Callable[[int], None] = lambda n: None) -> Tuple[List[States], bool]:
+    """The target's greedy answers to ``prompts`` (up to ``n_new`` tokens each or an end of
+    generation), decoded together: prompt j in sequence j, one row per unfinished answer in each
+    decode. Each answer's rows: its prompt's last row, then every generated token's, as they are
+    read; ``pieces[j]`` names answer j's rows. Returns the answers, and whether a Ctrl-C cut them
+    short (the rows read so far are kept). The context needs a sequence per prompt.
+
+        decode t:   seq 0  seq 1  seq 2      (an answer that ended drops out)
+        rows        a0[t]  a1[t]  a2[t]      each row's argmax is its answer's token t+1
+
+    Each prompt is read alone: read beside the others, SmolLM2's answers left plain decoding's
+    text. A decode of many rows may still leave it at near-ties (on 2 AMD EPYC cores, 26 of the
+    1.5B's 32 default answers did, at top-2 probabilities such as 0.36 / 0.35; none of SmolLM2's).
+    """
+    n_ctx = ctx.n_ctx // ctx.n_seq_max
+    prompts = [list(p)[-(n_ctx - n_new - 1):] for p in prompts]
+    rows: List[List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in prompts]  # (hidden, top, top_p)
+    cut = False
+    try:
+        ctx.seq_rm(-1, -1, -1)
+        for j, p in enumerate(prompts):  # all but each prompt's last token: no outputs needed
+            for start in range(0, len(p) - 1, ctx.n_batch):
+                ctx.decode_rows([(t, start + i, (j,), False) for i, t in enumerate(p[start:len(p) - 1][:ctx.n_batch])])
+        going = {j: (p[-1], len(p) - 1) for j, p in enumerate(prompts)}  # sequence: (token, position)
+        for _ in range(n_new + 1):
+            seqs = list(going)
+            if not seqs:
+                break
+            ctx.decode_rows([(going[j][0], going[j][1], (j,), True) for j in seqs], hidden=True)
+            hidden = np.array(ctx.hidden(len(seqs)))
+            top, top_p = best(ctx.logits(len(seqs)))
+            for r, j in enumerate(seqs):
+                rows[j].append((hidden[r], top[r], top_p[r]))
+                going[j] = (int(top[r, 0]), going[j][1] + 1)
+                if model.is_eog(int(top[r, 0])):
+                    del going[j]
+            progress(len(seqs))
+    except KeyboardInterrupt:
+        cut = True
+    ctx.seq_rm(-1, -1, -1)
+    parts = []
+    for j, got in enumerate(rows):
+        if got:
+            hidden, top, top_p = (np.stack(x) for x in zip(*got))
+            parts.append(States(hidden.astype(np.float32), top[:, 0], np.full(len(got), pieces[j] * 1_000_000),
+                                top, top_p, top[:, 0].copy()))
+    return parts, cut
 
 
 def output_rows(model_path: Path, tokens: np.ndarray) -> np.ndarray:
@@ -183,27 +217,34 @@ def file_texts(paths: Sequence[Path]) -> List[Piece]:
 def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int, answer_tokens: int,
             progress: Callable[[int], None] = lambda n: None) -> Tuple[States, bool]:
     """The target's states on ``pieces`` until ``max_tokens`` rows (``answer_tokens`` generated
-    per prompt). Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
+    per prompt; consecutive prompts answered together, as many as the context has sequences).
+    Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
     template: Optional[ChatTemplate] = None
     parts: List[States] = []
-    n = 0
+    n, i = 0, 0
     try:
-        for i, piece in enumerate(pieces):
-            if n >= max_tokens:
-                break
-            if piece.kind == "answer":
+        while i < len(pieces) and n < max_tokens:
+            if pieces[i].kind == "answer":
                 template = template or ChatTemplate(model)
-                prompt = model.tokenize(template.render([{"role": "user", "content": piece.text}]),
-                                        add_special=False, parse_special=True)
-                got = answer(ctx, model, prompt, min(answer_tokens, max_tokens - n), i)
+                group = [i]
+                while len(group) < ctx.n_seq_max and i + len(group) < len(pieces) \
+                        and pieces[i + len(group)].kind == "answer":
+                    group.append(i + len(group))
+                prompts = [model.tokenize(template.render([{"role": "user", "content": pieces[j].text}]),
+                                          add_special=False, parse_special=True) for j in group]
+                got, cut = answers(ctx, model, prompts, min(answer_tokens, max_tokens - n), group, progress)
+                i += len(group)
             else:
-                tokens = model.tokenize(piece.text, add_special=True, parse_special=False)[:max_tokens - n]
-                got = read(ctx, tokens, i)
-            parts.append(got)
-            n += len(got)
-            progress(len(got))
+                tokens = model.tokenize(pieces[i].text, add_special=True, parse_special=False)[:max_tokens - n]
+                got, cut = [read(ctx, tokens, i)], False
+                progress(len(got[0]))
+                i += 1
+            for g in got:
+                parts.append(g.first(max_tokens - n))
+                n += len(parts[-1])
+            if cut:
+                return States.joined(parts, model.n_embd), True
     except KeyboardInterrupt:
-        ctx.seq_rm(0, -1, -1)
+        ctx.seq_rm(-1, -1, -1)
         return States.joined(parts, model.n_embd), True
     return States.joined(parts, model.n_embd), False
-

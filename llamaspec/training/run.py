@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..llama import models
 from ..llama.binding import Model
 from ..sources.heads import FORMAT, cached_path
-from .data import collect, default_texts, file_texts, output_rows
+from .data import GROUP, collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
 # Rows of the default training text: the 1.5B's head 1 reached 0.52 on 2 cores in 27 min. A target
@@ -20,6 +20,7 @@ from .fit import Report, TrainConfig, train
 # the 1.5B (368 against 142 tok/s on 2 cores), so 131,072 took 6 min to read, 65,536 trains in 3.
 TOKENS, SMALL_TOKENS, SMALL = 131072, 65536, 1_000_000_000
 ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
+PROMPT_ROOM = 352  # cells of each answer's sequence for its prompt
 
 
 def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = TrainConfig(),
@@ -42,7 +43,7 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     target = Model(path)
     try:
         tokens = tokens if tokens is not None else default_tokens(target.n_params)
-        ctx = target.context(2048, threads or default_threads(), 512, 1)
+        ctx = target.context(GROUP * (PROMPT_ROOM + answer_tokens), threads or default_threads(), 512, GROUP)
         try:
             pieces = file_texts(files) if files else default_texts(config.seed)
             with tqdm(total=tokens, desc="reading the target's states", unit="tok", disable=not progress,

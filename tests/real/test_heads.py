@@ -99,24 +99,51 @@ def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
 
 
 def test_the_default_mix_s_answers_are_the_target_s_greedy_text(model_file):
-    """training.data.answer: one row per generated token, labelled with the token plain decoding
-    emits there (its best, first in the row's best tokens), the pending token the same."""
-    from llamaspec.training.data import answer
+    """training.data.answers: three answers decoded together, one row per generated token,
+    labelled with the token plain decoding emits there (its best, first in the row's best
+    tokens), the pending token the same; a decode of three rows may leave plain's text only at a
+    near-tie."""
+    from llamaspec.training.data import answers
     path = model_file(SMOL)
     model = Model(path)
-    ctx = model.context(1024, THREADS, 512, 1)
+    ctx = model.context(3 * 512, THREADS, 512, 3)
+    asks = ["Write a Python function that adds two numbers.", "Name three rivers in Europe.", "What is a prime?"]
     try:
-        prompt = model.tokenize(chatml("Write a Python function that adds two numbers."), add_special=False,
-                                parse_special=True)
-        states = answer(ctx, model, prompt, 12, 0)
+        prompts = [model.tokenize(chatml(a), add_special=False, parse_special=True) for a in asks]
+        got, cut = answers(ctx, model, prompts, 12, [4, 5, 6])
     finally:
         ctx.close()
         model.close()
+    assert not cut and len(got) == 3
     spec = llamaspec.load(str(path), spec="none", n_threads=THREADS, progress=False)
     try:
-        plain = spec.generate(prompt, max_tokens=13, temperature=0).tokens
+        plain = [spec.generate(p, max_tokens=13, temperature=0).tokens for p in prompts]
     finally:
         spec.close()
-    assert list(states.labels) == list(plain)[:len(states)] and len(states) == 13
-    assert np.array_equal(states.top[:, 0], states.labels) and np.array_equal(states.next, states.labels)
-    assert (np.diff(states.top_p, axis=1) <= 0).all() and (states.top_p.sum(axis=1) <= 1 + 1e-5).all()
+    for states, tokens, piece in zip(got, plain, (4, 5, 6)):
+        assert len(states) == len(tokens) and set(states.piece) == {piece * 1_000_000}
+        differ = np.flatnonzero(states.labels != np.array(tokens))
+        if len(differ):  # the first place it left plain's text: the answer's own top two nearly tied
+            assert states.top_p[differ[0], 0] - states.top_p[differ[0], 1] < 0.1, (piece, differ[0])
+        assert np.array_equal(states.top[:, 0], states.labels) and np.array_equal(states.next, states.labels)
+        assert (np.diff(states.top_p, axis=1) <= 0).all() and (states.top_p.sum(axis=1) <= 1 + 1e-5).all()
+
+
+def test_the_reading_answers_prompts_in_groups_and_stops_at_its_size(model_file):
+    """training.data.collect: consecutive prompts answered together, as many as the context has
+    sequences, then texts, in the pieces' order, cut at max_tokens rows."""
+    from llamaspec.training.data import Piece, collect
+    model = Model(model_file(SMOL))
+    ctx = model.context(2 * 512, THREADS, 512, 2)
+    pieces = [Piece("answer", "Say hi."), Piece("answer", "Count to three."), Piece("answer", "Say bye."),
+              Piece("text", (ROOT / "README.md").read_text()), Piece("answer", "Say yes.")]
+    try:
+        states, cut = collect(model, ctx, pieces, 100, 8)
+    finally:
+        ctx.close()
+        model.close()
+    assert not cut and len(states) == 100
+    order = [int(p) // 1_000_000 for p in states.piece]
+    assert order == sorted(order) and set(order) == {0, 1, 2, 3}  # the last answer is past the 100 rows
+    answered = [order.count(i) for i in (0, 1, 2)]
+    assert all(1 <= n <= 9 for n in answered) and order.count(3) == 100 - sum(answered)
