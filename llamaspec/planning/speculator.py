@@ -103,7 +103,8 @@ class Speculator:
         self.gate = Gate()
         # a source whose proposing takes time of its own (Source.own_gate) is asked only while
         # the tokens of its accepted in the steps that asked it repay that time and its share of
-        # the rows verified
+        # the rows verified; foresight does not count for it (a draft heads' tree, four guesses
+        # a head, holds the next token most steps: that says nothing of whether it will pay)
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
         self._plain = 0.0  # what a plain step costs under this step's limits
@@ -226,8 +227,7 @@ class Speculator:
         extra = max(0.0, outcome.cost - self._sunk - self._plain)  # what the step's rows cost over a plain step
         for name, seconds in self._own_seconds.items():
             accepted = sum(1 for sources in outcome.path_sources if name in sources)
-            self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds),
-                                       foresaw([c for c in outcome.candidates if c.source == name]))
+            self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds))
         self._own_seconds = {}
         for source in self.sources:
             source.learn(outcome)

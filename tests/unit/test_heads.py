@@ -3,6 +3,8 @@ gradients, the token map, the source's proposals, and exact sampling through the
 
 from __future__ import annotations
 
+from typing import List, Optional
+
 import numpy as np
 import pytest
 from scipy.stats import chisquare
@@ -283,10 +285,12 @@ class Slow(HeadsSource):
         pass
 
 
-def asked_share(source: Slow, steps: int = 120) -> float:
+def asked_share(source: Slow, steps: int = 120, curve: Optional[List[float]] = None) -> float:
     """How often the speculator asks ``source`` over ``steps`` steps of a text whose next token is
-    its length, on a timed curve where a decode of n rows costs n single ones of 1 ms."""
-    curve = CostCurve(relative=[float(n) for n in range(1, 33)], ms_per_token=1.0, threads=1, backend="test")
+    its length, on a timed curve where a decode of n rows costs ``curve[n - 1]`` single ones of
+    1 ms (default: n)."""
+    curve = CostCurve(relative=curve or [float(n) for n in range(1, 33)], ms_per_token=1.0, threads=1,
+                      backend="test")
     sp = Speculator([source], AcceptanceModel(), Planner(CostModel(curve)))
     tokens, rng, asked = [0], np.random.default_rng(0), 0
     for _ in range(steps):
@@ -303,7 +307,16 @@ def asked_share(source: Slow, steps: int = 120) -> float:
 
 def test_a_source_with_a_gate_of_its_own_is_asked_while_it_repays_its_time():
     assert asked_share(Slow(3.0, right=False)) < 0.3  # 3 decodes of time a step for nothing
-    assert asked_share(Slow(0.2, right=True)) > 0.9  # a token a step for a fifth of a decode
+    cheap = [1.0 + 0.1 * n for n in range(32)]  # a second row costs a tenth of a decode
+    assert asked_share(Slow(0.2, right=True), curve=cheap) > 0.9  # a token a step for a fifth of a decode
+
+
+def test_a_source_with_a_gate_of_its_own_is_not_kept_asking_by_guesses_never_verified():
+    """Its candidate holds the next token every step, but where a second row costs 1.99 decodes
+    the planner never verifies it: a draft heads' tree foresees the text most steps and that
+    does not repay its time."""
+    curve = [1.0, 1.99] + [2.0 * n for n in range(2, 32)]
+    assert asked_share(Slow(1.0, right=True), curve=curve) < 0.3
 
 
 def test_a_source_with_a_gate_of_its_own_pays_for_its_share_of_the_rows_verified():
