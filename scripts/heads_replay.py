@@ -25,7 +25,7 @@ from llamaspec.llama.chat import ChatTemplate
 from llamaspec.measure.replay import replay, speculator
 from llamaspec.planning.costs import CostCurve
 from llamaspec.sources.heads import Heads, cached_path
-from llamaspec.training.data import answer
+from llamaspec.training.data import answers
 
 SETS = (("lookup", "lookahead"), ("heads",), ("lookup", "lookahead", "heads"))
 
@@ -55,7 +55,7 @@ def main() -> None:
         item = suite[name]
         text = template.render([{"role": "system", "content": item["system"]}, {"role": "user", "content": item["user"]}])
         prompt = model.tokenize(text, add_special=False, parse_special=True)
-        states = answer(ctx, model, prompt, args.n, 0)
+        states = answers(ctx, model, [prompt], args.n, [0])[0][0]
         tokens, hidden = [int(t) for t in states.labels], states.hidden
         for sources in SETS:
             t0 = time.perf_counter()

@@ -138,7 +138,7 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
         rows        a0[t]  a1[t]  a2[t]      each row's argmax is its answer's token t+1
 
     Each prompt is read alone: read beside the others, SmolLM2's answers left plain decoding's
-    text. A decode of many rows may still leave it at near-ties (on 2 AMD EPYC cores, 26 of the
+    text. A decode of many rows may still leave it at near-ties (on 2 AMD EPYC cores, 27 of the
     1.5B's 32 default answers did, at top-2 probabilities such as 0.36 / 0.35; none of SmolLM2's).
     """
     n_ctx = ctx.n_ctx // ctx.n_seq_max

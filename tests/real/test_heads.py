@@ -147,3 +147,16 @@ def test_the_reading_answers_prompts_in_groups_and_stops_at_its_size(model_file)
     assert order == sorted(order) and set(order) == {0, 1, 2, 3}  # the last answer is past the 100 rows
     answered = [order.count(i) for i in (0, 1, 2)]
     assert all(1 <= n <= 9 for n in answered) and order.count(3) == 100 - sum(answered)
+
+
+def test_the_heads_replay_script_replays_an_answer_on_the_recorded_gpu_curve(model_file, smol_heads):
+    """scripts/heads_replay.py as docs/usage.md runs it: the target's answer decoded, then replayed
+    through each set of sources, one line each with its speed-up before and after the host's time."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "heads_replay.py"), "-m", str(model_file(SMOL)),
+                           "--heads", str(smol_heads), "--curve", str(ROOT / "tests" / "data" / "gpu_curve.json"),
+                           "-n", "24", "--prompts", "open_chat", "-t", str(THREADS)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("open_chat")]
+    assert [line.split()[1] for line in lines] == ["lookup+lookahead", "heads", "lookup+lookahead+heads"]
+    assert all("x before the host's time" in line and "x after it" in line for line in lines)
