@@ -102,8 +102,8 @@ class Speculator:
         self.ends = ends
         self.gate = Gate()
         # a source whose proposing takes time of its own (Source.own_gate) is asked only while
-        # the tokens of its accepted in the steps that asked it repay that time and its share of
-        # the rows verified; foresight does not count for it (a draft heads' tree, four guesses
+        # the tokens it alone proposed, accepted in the steps that asked it, repay that time and
+        # its share of the rows verified (those it alone held); foresight does not count for it (a draft heads' tree, four guesses
         # a head, holds the next token most steps: that says nothing of whether it will pay)
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
@@ -225,8 +225,8 @@ class Speculator:
             return any(c.tokens[:n] == outcome.emitted for c in candidates)
         self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
         extra = max(0.0, outcome.cost - self._sunk - self._plain)  # what the step's rows cost over a plain step
-        for name, seconds in self._own_seconds.items():
-            accepted = sum(1 for sources in outcome.path_sources if name in sources)
+        for name, seconds in self._own_seconds.items():  # what it brought that no other source did
+            accepted = sum(1 for sources in outcome.path_sources if set(sources) == {name})
             self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds))
         self._own_seconds = {}
         for source in self.sources:
@@ -238,12 +238,13 @@ class Speculator:
 
 def _share(outcome: Outcome, name: str) -> float:
     """The share of the step's verified rows (trie nodes and window rows) that held a token of
-    source ``name``."""
-    nodes = {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) for i in range(1, n + 1)}
-    mine = {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) if c.source == name
-            for i in range(1, n + 1)}
-    rows = len(nodes) + len(outcome.window_tokens or ())
-    return len(mine) / rows if rows else 0.0
+    source ``name`` alone (a node another source proposed too would have been verified anyway)."""
+    def nodes(mine: bool) -> set:
+        return {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) if (c.source == name) == mine
+                for i in range(1, n + 1)}
+    theirs = nodes(False)
+    rows = len(nodes(True) | theirs) + len(outcome.window_tokens or ())
+    return len(nodes(True) - theirs) / rows if rows else 0.0
 
 
 def _after_forced(lead: Sequence[int], cand: Candidate) -> Candidate:

@@ -322,7 +322,7 @@ def test_a_source_with_a_gate_of_its_own_is_not_kept_asking_by_guesses_never_ver
 def test_a_source_with_a_gate_of_its_own_pays_for_its_share_of_the_rows_verified():
     """A step verified one token of the heads and one of lookup, both rejected, for 1.7 decodes
     over a plain step's: the heads' gate learns half of that as a loss, as the speculator's own
-    gate learns the whole step's."""
+    gate learns the whole step's. Rows and tokens another source proposed too are not theirs."""
     curve = CostCurve(relative=[1.0, 1.85, 2.7] + [3.0] * 29, ms_per_token=1.0, threads=1, backend="test")
     sp = Speculator([Slow(0.0, right=False)], AcceptanceModel(), Planner(CostModel(curve)))
     tokens = [0, 1, 2]
@@ -333,8 +333,15 @@ def test_a_source_with_a_gate_of_its_own_pays_for_its_share_of_the_rows_verified
     sp.learn(Outcome(tokens=tokens + [3], candidates=wrong, verified=(1, 1), emitted=(3,), cost=2.7))
     assert gate.gain == pytest.approx(gate.DECAY * before + (1 - gate.DECAY) * -(2.7 - 1.0) / 2)
     shared = (Candidate((7, 9), "heads", (Guess(1, 9), Guess(2, 9))), Candidate((7,), "lookup", (0,)))
-    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "heads") == 1.0
-    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "lookup") == 0.5
+    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "heads") == 0.5
+    assert _share(Outcome(tokens=tokens, candidates=shared, verified=(2, 1), emitted=(3,)), "lookup") == 0.0
+    # a token lookup proposed too, accepted: the heads brought nothing the step would have lacked
+    before = gate.gain
+    sp.propose(tokens, Limits(max_depth=4, max_rows=8, room=100), SamplingConfig(temperature=0), np.random.default_rng(0))
+    both = (Candidate((3,), "heads", (Guess(1, 9),)), Candidate((3,), "lookup", (0,)))
+    sp.learn(Outcome(tokens=tokens + [3, 4], candidates=both, verified=(1, 1), emitted=(3, 4), cost=1.85,
+                     path_sources=(("heads", "lookup"),)))
+    assert gate.gain == pytest.approx(gate.DECAY * before)
 
 
 def test_the_bench_runs_the_heads_cached_in_the_cache_it_is_given(tmp_path):
