@@ -79,6 +79,15 @@ def test_lookups_estimate_stands_where_lookahead_proposes_the_same_tokens():
     assert sorted(prob[1:]) == pytest.approx([0.18, 0.95 * 0.7, 0.9])  # its chain
 
 
+def test_draft_heads_do_not_raise_what_lookup_copies():
+    """Where draft heads guess a token lookup copies, lookup's estimate counts: a copied run's
+    rates are lookup's to know (the 1.5B's heads, rated by their own, took code_edit from 1.64x
+    to 1.40x plain on a 2-core CPU, its steps cut short of where the copy went on)."""
+    copy = [cand([5, 6, 7], "lookup"), cand([5, 6], "heads")]
+    _, prob, _, _ = _nodes(copy, [[0.9, 0.5, 0.9], [0.95, 0.95]])
+    assert prob[1:] == pytest.approx([0.9, 0.45, 0.405])
+
+
 def test_a_non_monotone_curve_is_searched_whole():
     dip = curve([1, 2, 8, 12, 16, 32], [1, 1.9, 8, 9, 5, 12])  # 16 rows far cheaper than 9 .. 15
     assert choose(dip, [cand(range(1, 31))], 0.97, reached=2.5).lengths == (15,)

@@ -49,7 +49,7 @@ def test_labels_and_what_the_registry_says_of_each_source():
     assert REGISTRY.label(names, SpecConfig.parse("lookahead,lookup")) == "lookup,lookahead"
     assert REGISTRY.label(frozenset(), SpecConfig.parse("none")) == "plain"
     assert REGISTRY.label(names, SpecConfig()) == "auto"
-    assert REGISTRY.shadowed() == {"lookahead": "lookup"}
+    assert REGISTRY.shadowed() == {"lookahead": "lookup", "heads": "lookup"}
     built_in = [cls for cls in Source.__subclasses__() if cls.__module__.startswith("llamaspec.sources.")]
     assert {cls.name for cls in built_in} >= set(REGISTRY.names)
     assert [cls.name for cls in built_in if cls.expensive] == ["draft"]  # asking it costs decodes
