@@ -15,9 +15,10 @@ from ..sources.heads import FORMAT, cached_path
 from .data import GROUP, collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
-# Rows of the default training text: the 1.5B's head 1 reached 0.52 on 2 cores in 27 min. A target
-# under SMALL parameters reads half as many: SmolLM2-135M reads its states only 2.6x faster than
-# the 1.5B (368 against 142 tok/s on 2 cores), so 131,072 took 6 min to read, 65,536 trains in 3.
+# Rows of the default training text: the 1.5B's head 1 reached 0.50 held out on 2 cores in 26 min.
+# A target under SMALL parameters reads half as many: SmolLM2-135M reads its states only 2.6x
+# faster than the 1.5B (368 against 142 tok/s on 2 cores), so 131,072 took 6 min to read, 65,536
+# trains in 4.
 TOKENS, SMALL_TOKENS, SMALL = 131072, 65536, 1_000_000_000
 ANSWER_TOKENS = 160  # the target's answer to each default prompt, at most
 PROMPT_ROOM = 352  # cells of each answer's sequence for its prompt
@@ -43,9 +44,11 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     target = Model(path)
     try:
         tokens = tokens if tokens is not None else default_tokens(target.n_params)
-        ctx = target.context(GROUP * (PROMPT_ROOM + answer_tokens), threads or default_threads(), 512, GROUP)
+        pieces = file_texts(files) if files else default_texts(config.seed)
+        group = GROUP if any(p.kind == "answer" for p in pieces) else 1  # a sequence per answer decoded together
+        ctx = target.context(max(2048, group * (PROMPT_ROOM + answer_tokens)), threads or default_threads(), 512,
+                             group)
         try:
-            pieces = file_texts(files) if files else default_texts(config.seed)
             with tqdm(total=tokens, desc="reading the target's states", unit="tok", disable=not progress,
                       leave=False) as bar:
                 states, cut = collect(target, ctx, pieces, tokens, answer_tokens, bar.update)
