@@ -101,10 +101,7 @@ class Speculator:
         self.planner = planner
         self.ends = ends
         self.gate = Gate()
-        # a source whose proposing takes time of its own (Source.own_gate) is asked only while
-        # the tokens it alone proposed, accepted in the steps that asked it, repay that time and
-        # its share of the rows verified (those it alone held); foresight does not count for it (a draft heads' tree, four guesses
-        # a head, holds the next token most steps: that says nothing of whether it will pay)
+        # a source whose proposing takes time of its own has a gate of its own (Source.own_gate)
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
         self._plain = 0.0  # what a plain step costs under this step's limits
@@ -242,9 +239,9 @@ def _share(outcome: Outcome, name: str) -> float:
     def nodes(mine: bool) -> set:
         return {c.tokens[:i] for c, n in zip(outcome.candidates, outcome.verified) if (c.source == name) == mine
                 for i in range(1, n + 1)}
-    theirs = nodes(False)
-    rows = len(nodes(True) | theirs) + len(outcome.window_tokens or ())
-    return len(nodes(True) - theirs) / rows if rows else 0.0
+    mine, theirs = nodes(True), nodes(False)
+    rows = len(mine | theirs) + len(outcome.window_tokens or ())
+    return len(mine - theirs) / rows if rows else 0.0
 
 
 def _after_forced(lead: Sequence[int], cand: Candidate) -> Candidate:

@@ -171,8 +171,10 @@ class Source:
     the speculator asks it after them (``tokens`` then ends with them, unverified) and puts them
     before its candidates (evidence ``FORCED``, which its plugin gives a prior). ``own_gate``:
     its proposing takes time of its own (draft heads' products), so it is asked only while the
-    tokens it gets accepted repay that time, measured, and its share of the rows verified
-    (``planning/gate.py``, one gate of its own).
+    tokens it alone proposed, accepted, repay that time, measured, and its share of the rows
+    verified, those it alone held (``planning/gate.py``, one gate of its own). Foresight does
+    not count for it: a draft heads' tree, four guesses a head, holds the next token most steps,
+    which says nothing of whether it will pay.
     """
 
     name: str = ""
