@@ -6,9 +6,10 @@ recorded in tests/data, with no GPU at hand.
 
 For each prompt of the bench suite named, the target's greedy answer is decoded here with its
 hidden states (plain decoding), then replayed (llamaspec.measure.replay) through each set of
-sources on the curve. Each replay is charged the host's own time per step (asking the sources
-and planning, as measured here in the replay, in units of the curve's single decode), since on a
-GPU that time counts as much as the decodes.
+sources on the curve twice: first as if the host's own time cost nothing (the curve without its
+milliseconds: no gate weighs a source's time), then charged each step's planning time as it took
+here, in units of the curve's single decode (the gates weighing it as they would), since on a GPU
+that time counts as much as the decodes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import llamaspec
@@ -46,6 +48,7 @@ def main() -> None:
     heads.check_model(path, model.n_vocab, model.n_embd, file)
     drafter = heads.drafter()
     curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
+    untimed = replace(curve, ms_per_token=0.0)  # time is not weighed: every source asked every step
     suite = {p["name"]: p for p in json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json")
                                              .read_text())}
     ctx = model.context(4096, args.threads, 512, 1)
@@ -58,15 +61,14 @@ def main() -> None:
         states = answers(ctx, model, [prompt], args.n, [0])[0][0]
         tokens, hidden = [int(t) for t in states.labels], states.hidden
         for sources in SETS:
+            free = replay(prompt, tokens, speculator(untimed, sources, model, loaded={"heads": drafter}), hidden=hidden)
             t0 = time.perf_counter()
-            free = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": drafter}), hidden=hidden)
-            host = (time.perf_counter() - t0) * 1000 / max(1, free.n_steps) / curve.ms_per_token
             charged = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": drafter}),
-                             ask_cost=host, hidden=hidden)
-            print(f"{name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time, "
-                  f"{charged.speedup:.2f}x after it ({host:.2f} decodes a step); accepted "
-                  f"{charged.n_accept}/{charged.n_drafted}")
-
+                             hidden=hidden, timed=True)
+            host = (time.perf_counter() - t0) * 1000 / max(1, charged.n_steps) / curve.ms_per_token
+            print(f"{name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time (accepted "
+                  f"{free.n_accept}/{free.n_drafted}), {charged.speedup:.2f}x after it ({host:.2f} decodes a "
+                  f"step; accepted {charged.n_accept}/{charged.n_drafted})")
 
 if __name__ == "__main__":
     main()

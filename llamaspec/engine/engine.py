@@ -288,6 +288,7 @@ class Engine:
             if costs is not None:
                 self.shape.switch = costs.switch
             asked, t_ask = [], []
+            forgone = 0.0  # what the plans would have scored more had a change of row count cost nothing
             for ln in order:  # what is asked of the sources, before any lane's rows are laid out
                 t0 = time.perf_counter()
                 asked.append(ln.speculator.propose(ln.tokens, self._limits(ln, committed, len(free)), ln.sampling,
@@ -298,6 +299,7 @@ class Engine:
                 t0 = time.perf_counter()
                 own = [next(drafted) for _ in a.drafting]
                 plan = ln.speculator.choose(a, own, self._limits(ln, committed, len(free)))
+                forgone += plan.choice.forgone
                 mine = self._lay_out(ln, plan, free, n_out)
                 mine.t_plan = t + time.perf_counter() - t0 + plan.t_draft
                 used += mine.seqs[1:]
@@ -335,7 +337,7 @@ class Engine:
                 step = self._settle(d, logits[d.out:], window_tokens, hidden[d.out:] if hidden is not None else None)
                 accepted += step.n_accepted
                 emitted.append((d.lane.home, step))
-            self.shape.decoded(len(rows), accepted, verify)
+            self.shape.decoded(len(rows), accepted, verify, forgone)
         finally:
             for s in used:
                 target.seq_rm(s, -1, -1)

@@ -17,6 +17,7 @@ speed-ups are over plain decoding, which costs one unit per further token.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, DefaultDict, List, Mapping, Optional, Sequence
@@ -71,7 +72,7 @@ def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
            max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False,
-           ask_cost: float = 0.0, hidden: Optional[np.ndarray] = None) -> ReplayStats:
+           ask_cost: float = 0.0, hidden: Optional[np.ndarray] = None, timed: bool = False) -> ReplayStats:
     """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
     ``prompt``; charge each step the planner's cost of verifying its batch, and each step that
     asked the sources ``ask_cost`` more (llamaspec's own time for asking and planning, in
@@ -83,7 +84,11 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     estimates could win, and what the candidates and the per-step planning leave.
 
     ``hidden[j]``: the target's hidden state at the row that chose ``answer[j]`` (recorded with
-    the answer: training.data.answer), for the sources that read them (draft heads)."""
+    the answer: training.data.answer), for the sources that read them (draft heads).
+
+    ``timed``: charge each step, in place of ``ask_cost``, the time its planning took here (the
+    speculator's curve must have its milliseconds): what this host's own time would add to the
+    curve's decodes, the sources' own gates and the speculator's acting on it as they would."""
     stats = ReplayStats()
     if not answer:
         return stats
@@ -96,14 +101,16 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves,
                         shape=shape.kept, switch=shape.switch)
+        t0 = time.perf_counter()
         plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
+        planned = time.perf_counter() - t0
         trie = plan.trie
         path, token = walk_greedy(trie.children, lambda v, base=pos: int(answer[base + trie.depth[v]]))
         emitted = [trie.token[v] for v in path] + [token]
         tokens += emitted
         pos += len(emitted)
         # asking's time as the speculator learns it, at the text's length: ask_cost decodes there
-        ask_seconds = ask_cost * speculator.costs.ms(CostModel.TARGET, 1, len(tokens)) / 1000
+        ask_seconds = planned if timed else ask_cost * speculator.costs.ms(CostModel.TARGET, 1, len(tokens)) / 1000
         path_sources = tuple(trie.sources(v, plan.candidates) for v in path)
         speculator.learn(Outcome(tokens=tokens, candidates=plan.candidates, verified=plan.lengths,
                                  emitted=tuple(emitted), path_sources=path_sources, cost=plan.choice.cost, estimated=plan.choice.estimated,
@@ -120,8 +127,9 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
             return costs.verify(n, length)
         decoded, _ = decode(rows, shape.kept, shape.switch, verify)
         changed = costs.switch if shape.rows and decoded != shape.rows else 0.0
-        stats.cost += verify(decoded) + changed + (ask_cost if plan.asked else 0.0)
-        shape.decoded(decoded, len(path), verify)
+        host = costs.units(planned, length) if timed else ask_cost if plan.asked else 0.0
+        stats.cost += verify(decoded) + changed + host
+        shape.decoded(decoded, len(path), verify, plan.choice.forgone)
     return stats
 
 

@@ -99,7 +99,9 @@ class Choice:
     """``lengths[c]``: how many tokens of candidate c to verify; ``ride``: whether the window rides.
     ``expected`` tokens for ``cost`` single-token decodes (drafting included); ``value``: what
     they are worth, in tokens (see _worth); ``estimated``: the candidate tokens the acceptance
-    model expected accepted, before calibration."""
+    model expected accepted, before calibration; ``forgone``: after single-row decodes where a
+    change of row count costs (planning/shape.py), what the best plan would have scored more had
+    the change cost nothing (what staying on one row forgoes, in tokens)."""
 
     lengths: Tuple[int, ...]
     ride: bool
@@ -107,6 +109,7 @@ class Choice:
     cost: float
     value: float
     estimated: float = 0.0
+    forgone: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -168,7 +171,10 @@ class Planner:
             # no more rows than the cost curve measured: past N_MAX a cost is a guess (on a 2-core
             # Xeon 33 rows cost 6.95 single-token decodes where 32 cost 6.11, a proportional guess 6.3)
             limits = replace(limits, max_rows=min(limits.max_rows, N_MAX))
-        if not self.fixed and not self._may_pay(rates, window, limits):
+        # on one row where another row count costs the switch: also score each plan without it
+        entering = limits.switch > 0 and limits.shape == 1 and not limits.base_rows
+        free = replace(limits, shape=0) if entering else limits
+        if not self.fixed and not self._may_pay(rates, window, free):
             return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
         lam = self.rate
         parent, raw, depth, support = _nodes(candidates, rates, self.shadowed)
@@ -178,8 +184,8 @@ class Planner:
                   if any(candidates[c].source in self.fixed for c, _ in support[v])]
         force_window = window is not None and bool(self.fixed)
         rider_rows = len(window.rows) if window is not None else 0
-        def cost(rows: int) -> float:
-            return self._added(limits, rows)
+        def cost(rows: int, at: Limits = limits) -> float:
+            return self._added(at, rows)
 
         chosen: List[int] = []
         picked = [False] * len(parent)
@@ -187,16 +193,20 @@ class Planner:
         has_child = [False] * len(parent)
         leaves, value = 1, 1.0
         best: Optional[Tuple[float, int, bool]] = None  # (score, nodes, ride)
+        best_free = -float("inf")  # the best score without the switch (entering)
 
         def consider() -> None:
-            nonlocal best
+            nonlocal best, best_free
             rows = 1 + len(chosen)
-            options = [] if force_window else [(value - lam * (sunk + cost(rows)), False)]
+            options = [] if force_window else [(value, rows, False)]
             if window is not None and rows + rider_rows <= limits.max_rows:
-                options.append((value + window.value - lam * (sunk + cost(rows + rider_rows)), True))
-            for score, ride in options:
+                options.append((value + window.value, rows + rider_rows, True))
+            for worth_of, n_rows, ride in options:
+                score = worth_of - lam * (sunk + cost(n_rows))
                 if best is None or score > best[0]:
                     best = (score, len(chosen), ride)
+                if entering:
+                    best_free = max(best_free, worth_of - lam * (sunk + cost(n_rows, free)))
 
         def take(v: int) -> bool:
             nonlocal leaves, value
@@ -227,7 +237,9 @@ class Planner:
         expected = 1.0 + sum(prob[v] for v in chosen[:n]) + ridden
         worth_all = 1.0 + sum(prob[v] * worth[v] for v in chosen[:n]) + ridden
         rows = 1 + n + (rider_rows if ride else 0)
-        return Choice(tuple(lengths), ride, expected, sunk + cost(rows), worth_all, sum(raw[v] for v in chosen[:n]))
+        forgone = max(0.0, best_free - best[0]) if entering and best is not None else 0.0
+        return Choice(tuple(lengths), ride, expected, sunk + cost(rows), worth_all, sum(raw[v] for v in chosen[:n]),
+                      forgone)
 
     def plain_cost(self, limits: Limits) -> float:
         """What a plain step costs: the one row it adds."""

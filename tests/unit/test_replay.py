@@ -51,3 +51,21 @@ def test_perfect_estimates_reach_the_bound_on_a_plain_copy():
     assert perfect.n_steps == 1 and perfect.n_accept == perfect.n_drafted == 18
     # where verifying never pays, knowing the answer does not make it pay
     assert replay(prompt, prompt, speculator(LINEAR, ("lookup",)), perfect=True).n_drafted == 0
+
+
+def test_a_timed_replay_charges_each_step_the_host_s_time_its_planning_took(monkeypatch):
+    """``timed``: a step whose planning took 3 ms on a curve of 1 ms decodes costs 3 decodes more."""
+    import time
+    from llamaspec.planning.speculator import Speculator
+    answer = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    curve = CostCurve([float(n) for n in range(1, 33)], 1.0, 2, "cpu")  # nothing verified: plain steps
+    plan = Speculator.plan
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.003)
+        return plan(self, *args, **kwargs)
+    monkeypatch.setattr(Speculator, "plan", slow)
+    untimed = replay(answer[:8], answer[8:], speculator(curve, ()))
+    timed = replay(answer[:8], answer[8:], speculator(curve, ()), timed=True)
+    assert untimed.cost == untimed.n_steps
+    assert 3 * timed.n_steps <= timed.cost - untimed.cost < 10 * timed.n_steps

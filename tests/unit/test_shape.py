@@ -80,6 +80,42 @@ def test_the_planner_counts_rows_up_to_the_last_shape_as_paid_and_another_shape_
     assert left.cost == pytest.approx(1.0)
 
 
+def test_on_one_row_the_planner_says_what_a_wider_plan_would_score_more_without_the_switch():
+    """The 3-token candidate accepted 30% of the time is not worth a change from one row: the plan
+    stays plain, and says what verifying it would have scored more had the change cost nothing."""
+    planner = Planner(CostModel(STICKY))
+    cands, rates = [cand([5, 6, 7])], [[0.3] * 3]
+    single = planner.choose(cands, rates, None, limits(shape=1, switch=2.1))
+    free = planner.choose(cands, rates, None, limits(shape=0, switch=2.1))
+    assert single.lengths == (0,) and free.lengths != (0,)
+    assert single.forgone == pytest.approx(free.value - free.cost - (single.value - single.cost))
+    assert free.forgone == 0  # not on one row: nothing forgone
+    hopeless = planner.choose(cands, [[0.0] * 3], None, limits(shape=1, switch=2.1))
+    assert hopeless.forgone == 0  # a plan no better without the switch forgoes nothing
+
+
+def test_one_row_is_left_once_its_plans_have_forgone_a_switch_s_worth_of_late():
+    """Rent or buy, entering: each single-row decode adds what its plan forwent, the sum decaying
+    by FORGONE_DECAY a decode; once it reaches the switch, the next decode takes its own rows."""
+    d = Shape.FORGONE_DECAY
+    steady = 2.1 * (1 - d) * 1.05  # forgone each step: its decayed sum passes the switch in time
+    shape = Shape(switch=2.1)
+    shape.decoded(1, 0, STICKY.cost)
+    steps = 0
+    while shape.kept == 1:
+        shape.decoded(1, 0, STICKY.cost, steady)
+        steps += 1
+        assert steps < 200
+    assert shape.kept == 0 and shape.forgone >= 2.1
+    shape.decoded(3, 1, STICKY.cost)  # entered: what was forgone is spent
+    assert shape.rows == 3 and shape.forgone == 0 and shape.kept == 3
+    rare = Shape(switch=2.1)
+    rare.decoded(1, 0, STICKY.cost)
+    for _ in range(500):  # too little a step: the decayed sum stays under the switch
+        rare.decoded(1, 0, STICKY.cost, 2.1 * (1 - d) * 0.9)
+    assert rare.kept == 1
+
+
 def test_the_engine_pads_decodes_and_the_cache_holds_only_the_text():
     """On a fake target whose row counts cost: decodes keep their shape for several steps
     (padded on a scratch sequence emptied after each decode), the text is plain greedy's and
