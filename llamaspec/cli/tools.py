@@ -235,7 +235,8 @@ def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tok
     click.echo(f"{path}: {n_heads} heads over {report.n_tokens} tokens ({report.coverage:.0%} of the target's), "
                f"{report.rows} rows, {report.steps} steps in {report.seconds:.0f} s{cut}", err=True)
     if not report.held_out_rows:
-        click.echo("no text held out to measure the heads on (a tenth of the files given is: give more to see how they do)", err=True)
+        click.echo("no text held out to measure the heads on (a tenth of the files given is: "
+                   "give more to see how they do)", err=True)
         return
     for k, (t1, t5, b1) in enumerate(zip(report.top1, report.top5, report.base_top1), start=1):
         click.echo(f"head {k}: top-1 {t1:.3f}, top-5 {t5:.3f} on {report.held_out_rows} held-out rows "
