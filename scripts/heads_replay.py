@@ -20,11 +20,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import llamaspec
 from llamaspec.llama import models
 from llamaspec.llama.binding import Model
 from llamaspec.llama.chat import ChatTemplate
 from llamaspec.measure.replay import replay, speculator
+from llamaspec.measure.suite import load_suite
 from llamaspec.planning.costs import CostCurve
 from llamaspec.sources.heads import Heads, cached_path
 from llamaspec.training.data import answers
@@ -49,15 +49,11 @@ def main() -> None:
     drafter = heads.drafter()
     curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
     untimed = replace(curve, ms_per_token=0.0)  # time is not weighed: every source asked every step
-    suite = {p["name"]: p for p in json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json")
-                                             .read_text())}
     ctx = model.context(4096, args.threads, 512, 1)
     template = ChatTemplate(model)
     print(f"{path.name}, heads {file.name}, curve {args.curve} ({curve.ms_per_token:.2f} ms a decode)")
-    for name in args.prompts.split(","):
-        item = suite[name]
-        text = template.render([{"role": "system", "content": item["system"]}, {"role": "user", "content": item["user"]}])
-        prompt = model.tokenize(text, add_special=False, parse_special=True)
+    for item in load_suite(args.prompts.split(",")):
+        prompt = model.tokenize(template.render(item.messages), add_special=False, parse_special=True)
         states = answers(ctx, model, [prompt], args.n, [0])[0][0]
         tokens, hidden = [int(t) for t in states.labels], states.hidden
         for sources in SETS:
@@ -66,9 +62,10 @@ def main() -> None:
             charged = replay(prompt, tokens, speculator(curve, sources, model, loaded={"heads": drafter}),
                              hidden=hidden, timed=True)
             host = (time.perf_counter() - t0) * 1000 / max(1, charged.n_steps) / curve.ms_per_token
-            print(f"{name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time (accepted "
+            print(f"{item.name:12s} {'+'.join(sources):24s} {free.speedup:.2f}x before the host's time (accepted "
                   f"{free.n_accept}/{free.n_drafted}), {charged.speedup:.2f}x after it ({host:.2f} decodes a "
                   f"step; accepted {charged.n_accept}/{charged.n_drafted})")
+
 
 if __name__ == "__main__":
     main()

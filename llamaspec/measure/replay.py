@@ -127,7 +127,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
             return costs.verify(n, length)
         decoded, _ = decode(rows, shape.kept, shape.switch, verify)
         changed = costs.switch if shape.rows and decoded != shape.rows else 0.0
-        host = costs.units(planned, length) if timed else ask_cost if plan.asked else 0.0
+        host = costs.units(planned, length) if timed else (ask_cost if plan.asked else 0.0)
         stats.cost += verify(decoded) + changed + host
         shape.decoded(decoded, len(path), verify, plan.choice.forgone)
     return stats

@@ -24,7 +24,8 @@ decode is planned as if none were charged::
     eight plain steps that accept nothing lose 8 x 0.36 >= 2.66: the next decode takes its own rows
 
     on one row: plain steps whose best 4-row verify would have scored 0.4, 0.9, 0.7, 0.8 more
-    without the switch: 2.69 >= 2.66 forgone (decayed by 0.97 a step), the next plan's rows cost what they cost replayed
+    without the switch: 2.69 >= 2.66 forgone (decayed by 0.97 a step), the next plan's rows
+    cost what they cost replayed
 
 Where row counts cost nothing (a CPU: ``switch`` == 0) nothing is padded or charged.
 """

@@ -363,18 +363,15 @@ def test_the_bench_runs_the_heads_cached_in_the_cache_it_is_given(tmp_path):
 def test_the_default_mix_answers_none_of_the_bench_s_prompts():
     """The benches measure the heads on text they were not trained on: no default prompt is a bench
     prompt, nor shares half its words with one."""
-    import json
-    from pathlib import Path
-    import llamaspec
+    from llamaspec.measure.suite import load_suite
     from llamaspec.training.data import default_texts
-    suite = json.loads((Path(llamaspec.__file__).parent / "data" / "bench_suite.json").read_text())
     asked = [p.text for p in default_texts() if p.kind == "answer"]
     assert len(asked) == len(set(asked)) > 100
 
     def words(text: str) -> set:
         return set(text.lower().replace(".", " ").replace(",", " ").split())
-    for item in suite:
-        assert item["user"] not in asked
+    for item in load_suite():
+        assert item.user not in asked
         for a in asked:
-            shared = words(item["user"]) & words(a)
-            assert len(shared) < 0.5 * len(words(item["user"]) | words(a)), (item["name"], a)
+            shared = words(item.user) & words(a)
+            assert len(shared) < 0.5 * len(words(item.user) | words(a)), (item.name, a)
