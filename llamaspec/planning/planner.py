@@ -241,6 +241,21 @@ class Planner:
         return Choice(tuple(lengths), ride, expected, sunk + cost(rows), worth_all, sum(raw[v] for v in chosen[:n]),
                       forgone)
 
+    def stop_below(self, limits: Limits) -> float:
+        """The estimated acceptance (before calibration) under which a candidate token is not worth
+        its row this step, by the bound ``_may_pay`` uses: m tokens each expected accepted less
+        than the cheapest mean of m rows added to a plain step cannot repay them (a token is
+        worth at most lam tokens, a unit of cost lam). Where a change of row count costs, the
+        rows' own cost, as ``forgone`` weighs them. 0 for fixed sources (verified whole)."""
+        if self.fixed:
+            return 0.0
+        if limits.switch > 0 and limits.shape == 1 and not limits.base_rows:
+            limits = replace(limits, shape=0)
+        rows = limits.max_rows if limits.base_rows else min(limits.max_rows, N_MAX)
+        plain = self._added(limits, 1)
+        cheapest = min(((self._added(limits, 1 + m) - plain) / m for m in range(1, rows)), default=float("inf"))
+        return max(0.0, cheapest) / self.calibration
+
     def plain_cost(self, limits: Limits) -> float:
         """What a plain step costs: the one row it adds."""
         return self._added(limits, 1)

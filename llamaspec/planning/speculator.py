@@ -155,12 +155,15 @@ class Speculator:
                 if own is not None and not own.ask(0.0):
                     continue
                 t0 = time.perf_counter()
+                mine = budget
+                if own is not None:  # it spares the work its estimates say no row would repay
+                    mine = replace(budget, stop_below=self.planner.stop_below(limits))
                 if lead and source.past_forced:
-                    proposal = source.propose(list(tokens) + lead, replace(budget, max_len=budget.max_len - len(lead)),
+                    proposal = source.propose(list(tokens) + lead, replace(mine, max_len=mine.max_len - len(lead)),
                                               sampling, rng)
                     proposed = [_after_forced(lead, c) for c in proposal.candidates]
                 else:
-                    proposal = source.propose(tokens, budget, sampling, rng)
+                    proposal = source.propose(tokens, mine, sampling, rng)
                     proposed = list(proposal.candidates)
                 if own is not None:
                     self._own_seconds[source.name] = time.perf_counter() - t0

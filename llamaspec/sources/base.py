@@ -94,8 +94,9 @@ class Budget:
     """What the planner asks of a source this step.
 
     ``max_len``: the longest candidate worth proposing; ``max_candidates``: how many;
-    ``stop_below``: a source that pays per drafted token (a draft model) stops when the
-    estimated chance that its whole path is accepted falls below this; ``rates``: the
+    ``stop_below``: a source that pays per drafted token (a draft model) or per head (draft
+    heads) stops when the estimated chance that its whole path is accepted falls below this
+    (for a cheap source: no token estimated lower is worth a row, ``Planner.stop_below``); ``rates``: the
     acceptance model's estimate for each of the source's evidence keys.
     """
 

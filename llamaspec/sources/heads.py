@@ -21,7 +21,9 @@ paths, keeping the paths with the most expected accepted tokens. A head's probab
 token is taken for what it was worth on held-out text (the file's calibration: a head trained on
 a few ten thousand tokens is sure too often), and the acceptance model learns, per head and
 decile of that, how often a head's token is accepted when the tokens before it were (evidence
-``Guess(head, decile)``)::
+``Guess(head, decile)``). Head k+1 is computed only while the tree's best path through head k
+is estimated at least the budget's ``stop_below`` (a deeper token is estimated lower: it would
+not be worth its row)::
 
     pending x[t+1]
       ├─ a  (head 1, best) ──┬─ c (head 2, best) ── f (head 3, best)
@@ -151,6 +153,7 @@ class Heads:
 
     def drafter(self) -> "Drafter":
         """These heads, frozen, for one hidden state at a time."""
+        _blas()  # numpy's BLAS found now (25-220 ms), not at the first step the heads are asked
         d = self.b.shape[1]
         table = np.stack([self.out @ w[:, d:].T for w in self.w])  # (K, N, d): W_k^e e for each e of E_N
         return Drafter(np.ascontiguousarray(self.w[:, :, :d]), self.b, table, self.tokens, self.out,
@@ -226,13 +229,16 @@ class Drafter:
     def k(self) -> int:
         return self.w.shape[0]
 
-    def logits(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
-        """The first ``k`` heads' logits over the map (k, N) for hidden state h (d,) and ``pending``."""
+    def head(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
+        """Head k's logits over the map (N,) for hidden state h (d,) and ``pending`` (k = 1 .. K)."""
         i, on_map = map_index(self.tokens, pending)
         with _one_thread():
-            a = self.w[:k] @ h + self.b[:k] + (self.table[:k, i] if on_map else 0.0)
-            z = h + silu(a)
-            return np.stack([self.out @ z_k for z_k in z])
+            a = self.w[k - 1] @ h + self.b[k - 1] + (self.table[k - 1, i] if on_map else 0.0)
+            return self.out @ (h + silu(a))
+
+    def logits(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
+        """The first ``k`` heads' logits over the map (k, N) for hidden state h (d,) and ``pending``."""
+        return np.stack([self.head(h, pending, j) for j in range(1, k + 1)])
 
 
 def cached_path(model_path: Path, cache: Path) -> Path:
@@ -280,7 +286,11 @@ class HeadsSource(Source):
         if h is None or n != len(tokens):
             return Proposal()
         guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS
-        for k, row in enumerate(self.heads.logits(h, tokens[-1], min(self.heads.k, budget.max_len)), start=1):
+        best = 1.0  # the estimate of the tree's best path so far: no token deeper is estimated higher
+        for k in range(1, min(self.heads.k, budget.max_len) + 1):
+            if best < budget.stop_below:  # no deeper token is worth a row: its head's products are spared
+                break
+            row = self.heads.head(h, tokens[-1], k)
             top = np.argpartition(row, -RANKS)[-RANKS:]
             p = np.exp(row[top] - row.max())
             p /= np.exp(row - row.max()).sum()
@@ -288,6 +298,7 @@ class HeadsSource(Source):
             keys = [Guess(k, int(np.rint(10 * q))) for q in seen]
             guesses.append([(int(self.heads.tokens[t]), key, budget.rates.get(key, PRIORS[key]))
                             for t, key in zip(top, keys)])
+            best *= max(rate for _, _, rate in guesses[-1])
         paths = tree([[(t, rate) for t, _, rate in g] for g in guesses], self.max_nodes, budget.max_len)
         return Proposal(tuple(Candidate(tuple(guesses[i][r][0] for i, r in enumerate(path)), NAME,
                                         tuple(guesses[i][r][1] for i, r in enumerate(path)))

@@ -226,6 +226,59 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert set(PRIORS) == set(PLUGIN.priors)
 
 
+class Counting:
+    """A drafter that counts the heads it computes."""
+
+    def __init__(self, drafter):
+        self.drafter, self.computed = drafter, []
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def head(self, h, pending, k):
+        self.computed.append(k)
+        return self.drafter.head(h, pending, k)
+
+
+def test_a_deeper_head_is_computed_only_where_its_tokens_could_be_worth_a_row():
+    """A head's products are spared once the best path so far is estimated under the budget's
+    stop_below (a token deeper is estimated lower still): its priors here are 0.1 a decile of
+    the head's probability."""
+    heads = Counting(fake_heads().drafter())
+    source = HeadsSource(heads, max_nodes=8)  # type: ignore[arg-type]
+    h = np.random.default_rng(1).normal(0, 1, D).astype(np.float32)
+    source.learn(Outcome(tokens=[1, 2, 3], candidates=(), verified=(), emitted=(3,), hidden=h))
+
+    def ask(stop_below):
+        heads.computed.clear()
+        proposal = source.propose([1, 2, 3], Budget(3, 4, stop_below=stop_below), SamplingConfig(), np.random.default_rng(0))
+        return heads.computed[:], proposal.candidates
+    computed, everything = ask(0.0)
+    assert computed == [1, 2, 3] and max(len(c.tokens) for c in everything) == 3
+    best = [max(PRIORS[e] for c in everything for e in c.evidence[i:i + 1]) for i in range(3)]
+    computed, candidates = ask(best[0] - 1e-6)  # head 2's tokens could still be worth a row
+    assert computed == [1, 2] and max(len(c.tokens) for c in candidates) <= 2
+    computed, candidates = ask(best[0] + 1e-6)
+    assert computed == [1] and candidates and all(len(c.tokens) == 1 for c in candidates)
+    assert ask(1.5) == ([], ())  # no token is estimated worth a row: nothing computed
+
+
+def test_the_speculator_tells_a_source_with_a_gate_of_its_own_what_a_row_must_be_worth():
+    budgets = {}
+
+    class Seen(Slow):
+        def propose(self, tokens, budget, sampling, rng):
+            budgets[self.name] = budget
+            return Proposal()
+
+    class Other(Seen):
+        name, own_gate = "lookup", False
+    curve = CostCurve(relative=[float(n) for n in range(1, 33)], ms_per_token=1.0, threads=1, backend="test")
+    sp = Speculator([Seen(0.0, True), Other(0.0, True)], AcceptanceModel(), Planner(CostModel(curve)))
+    sp.propose([0, 1], Limits(max_depth=4, max_rows=8, room=100), SamplingConfig(), np.random.default_rng(0))
+    assert budgets["heads"].stop_below == pytest.approx(1.0) and budgets["lookup"].stop_below == 0.0
+
+
 def test_sampling_through_the_heads_tree_keeps_the_target_s_distribution():
     """The heads' candidates are deterministic: the walk draws each token from p and follows a
     child that holds it, so the first two tokens are distributed as p(x1) p(x2 | x1)."""

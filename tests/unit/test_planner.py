@@ -236,3 +236,19 @@ def test_no_more_rows_than_the_curve_measured_unless_a_source_is_verified_whole(
     cands = [cand(range(1, 41)), cand(range(100, 120))]
     assert sum(choose(GPU, cands, 0.99).lengths) == 31  # the pending token and 31: the curve's 32 rows
     assert choose(GPU, cands, 0.99, fixed=frozenset({"lookup"})).lengths == (40, 20)
+
+
+def test_a_token_estimated_below_the_cheapest_row_is_not_worth_one():
+    """stop_below: the cheapest mean of the rows a plan may add to a plain step, over the
+    calibration; 0 for fixed sources. Where a change of row count costs, the rows' own cost."""
+    steep = Planner(CostModel(curve([1, 32], [1, 32])))  # a row costs a decode whatever the batch
+    assert steep.stop_below(ROOMY) == pytest.approx(1.0)
+    dearer = Planner(CostModel(curve([1, 2, 4, 32], [1, 1.8, 2.5, 32])))  # 4 rows: 0.5 a row added
+    assert dearer.stop_below(ROOMY) == pytest.approx(0.5)
+    assert dearer.stop_below(Limits(max_depth=8, max_rows=2, room=100)) == pytest.approx(0.8)  # 1 row added at most
+    dearer.learn(2, 1.0, estimated=8.0)  # estimates twice what was accepted, before the prior's 8
+    assert dearer.stop_below(ROOMY) == pytest.approx(0.5 / dearer.calibration) and dearer.calibration < 1
+    assert Planner(CostModel(curve([1, 32], [1, 32])), frozenset({"lookup"})).stop_below(ROOMY) == 0.0
+    at_one = Limits(max_depth=8, max_rows=8, room=100, shape=1, switch=3.0)
+    own = Planner(CostModel(H200)).stop_below(Limits(max_depth=8, max_rows=8, room=100))
+    assert Planner(CostModel(H200)).stop_below(at_one) == pytest.approx(own) and own < 0.1
