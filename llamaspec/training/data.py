@@ -191,7 +191,7 @@ def output_rows(model_path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 def default_texts(seed: int = 0) -> List[Piece]:
-    """The default mix: answers to the prompts of ``data/heads_prompts.txt``, then, in an order
+    """The default mix: answers to the prompts of ``data/heads_prompts.txt`` (421), then, in an order
     the seed shuffles, Python's standard library (code) and installed packages' descriptions
     (documentation), which ``collect`` reads until it has enough tokens."""
     pieces = [Piece("answer", line.strip(), f"prompt {i + 1}")
@@ -226,13 +226,15 @@ def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int
         while i < len(pieces) and n < max_tokens:
             if pieces[i].kind == "answer":
                 template = template or ChatTemplate(model)
+                n_new = min(answer_tokens, max_tokens - n)
+                room = -(-(max_tokens - n) // (n_new + 1))  # answers the rows left can hold (n_new + 1 rows each)
                 group = [i]
-                while len(group) < ctx.n_seq_max and i + len(group) < len(pieces) \
+                while len(group) < min(ctx.n_seq_max, room) and i + len(group) < len(pieces) \
                         and pieces[i + len(group)].kind == "answer":
                     group.append(i + len(group))
                 prompts = [model.tokenize(template.render([{"role": "user", "content": pieces[j].text}]),
                                           add_special=False, parse_special=True) for j in group]
-                got, cut = answers(ctx, model, prompts, min(answer_tokens, max_tokens - n), group, progress)
+                got, cut = answers(ctx, model, prompts, n_new, group, progress)
                 i += len(group)
             else:
                 tokens = model.tokenize(pieces[i].text, add_special=True, parse_special=False)[:max_tokens - n]

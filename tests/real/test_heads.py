@@ -150,6 +150,23 @@ def test_the_reading_answers_prompts_in_groups_and_stops_at_its_size(model_file)
     assert all(1 <= n <= 9 for n in answered) and order.count(3) == 100 - sum(answered)
 
 
+def test_the_reading_answers_no_more_prompts_together_than_the_rows_left_need(model_file):
+    """20 rows left, answers of up to 16 tokens (17 rows each): two answers are decoded together,
+    not the context's four, and the reading stops there."""
+    from llamaspec.training.data import Piece, collect
+    model = Model(model_file(SMOL))
+    ctx = model.context(4 * 256, THREADS, 256, 4)
+    read = []
+    try:
+        states, cut = collect(model, ctx, [Piece("answer", "Write a long story about a dragon and a knight.")] * 6, 20, 16,
+                              read.append)
+    finally:
+        ctx.close()
+        model.close()
+    assert not cut and len(states) == 20
+    assert 20 <= sum(read) <= 2 * 17 and len(set(states.piece)) == 2
+
+
 def test_the_heads_replay_script_replays_an_answer_on_the_recorded_gpu_curve(model_file, smol_heads):
     """scripts/heads_replay.py as docs/usage.md runs it: the target's answer decoded, then replayed
     through each set of sources, one line each with its speed-up before and after the host's time."""
