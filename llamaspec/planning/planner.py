@@ -167,12 +167,10 @@ class Planner:
                window: Optional[Window], limits: Limits, sunk: float = 0.0) -> Choice:
         """The best selection. ``rates[c][i]``: estimated acceptance of ``candidates[c].tokens[i]``
         given its predecessors; ``sunk``: what drafting already cost this step."""
-        if not self.fixed and not limits.base_rows:
-            # no more rows than the cost curve measured: past N_MAX a cost is a guess (on a 2-core
-            # Xeon 33 rows cost 6.95 single-token decodes where 32 cost 6.11, a proportional guess 6.3)
-            limits = replace(limits, max_rows=min(limits.max_rows, N_MAX))
+        if not self.fixed:
+            limits = _measured(limits)
         # on one row where another row count costs the switch: also score each plan without it
-        entering = limits.switch > 0 and limits.shape == 1 and not limits.base_rows
+        entering = _entering(limits)
         free = replace(limits, shape=0) if entering else limits
         if not self.fixed and not self._may_pay(rates, window, free):
             return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
@@ -249,11 +247,12 @@ class Planner:
         rows' own cost, as ``forgone`` weighs them. 0 for fixed sources (verified whole)."""
         if self.fixed:
             return 0.0
-        if limits.switch > 0 and limits.shape == 1 and not limits.base_rows:
+        limits = _measured(limits)
+        if _entering(limits):
             limits = replace(limits, shape=0)
-        rows = limits.max_rows if limits.base_rows else min(limits.max_rows, N_MAX)
         plain = self._added(limits, 1)
-        cheapest = min(((self._added(limits, 1 + m) - plain) / m for m in range(1, rows)), default=float("inf"))
+        cheapest = min(((self._added(limits, 1 + m) - plain) / m for m in range(1, limits.max_rows)),
+                       default=float("inf"))
         return max(0.0, cheapest) / self.calibration
 
     def plain_cost(self, limits: Limits) -> float:
@@ -337,6 +336,19 @@ class Planner:
         if best_k == 0 and not fixed:
             return None, why
         return Budget(min(draft_max, limits.max_depth), 1, stop_below=0.0 if fixed else lam * c_d), ""
+
+
+def _measured(limits: Limits) -> Limits:
+    """No more rows than the cost curve measured, unless other sequences' rows share the decode:
+    past N_MAX a cost is a guess (on a 2-core Xeon 33 rows cost 6.95 single-token decodes where
+    32 cost 6.11, a proportional guess 6.3)."""
+    return limits if limits.base_rows else replace(limits, max_rows=min(limits.max_rows, N_MAX))
+
+
+def _entering(limits: Limits) -> bool:
+    """Whether the step is on one row where a decode of another row count costs the switch
+    (planning/shape.py): plans are then also weighed without it."""
+    return limits.switch > 0 and limits.shape == 1 and not limits.base_rows
 
 
 def _scaled(parent: Sequence[int], prob: Sequence[float], factor: float) -> List[float]:

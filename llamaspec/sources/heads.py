@@ -236,10 +236,6 @@ class Drafter:
             a = self.w[k - 1] @ h + self.b[k - 1] + (self.table[k - 1, i] if on_map else 0.0)
             return self.out @ (h + silu(a))
 
-    def logits(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
-        """The first ``k`` heads' logits over the map (k, N) for hidden state h (d,) and ``pending``."""
-        return np.stack([self.head(h, pending, j) for j in range(1, k + 1)])
-
 
 def cached_path(model_path: Path, cache: Path) -> Path:
     """Where ``llamaspec heads train`` keeps the heads of ``model_path`` by default, and where

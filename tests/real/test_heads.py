@@ -158,8 +158,8 @@ def test_the_reading_answers_no_more_prompts_together_than_the_rows_left_need(mo
     ctx = model.context(4 * 256, THREADS, 256, 4)
     read = []
     try:
-        states, cut = collect(model, ctx, [Piece("answer", "Write a long story about a dragon and a knight.")] * 6, 20, 16,
-                              read.append)
+        asks = [Piece("answer", "Write a long story about a dragon and a knight.")] * 6
+        states, cut = collect(model, ctx, asks, 20, 16, read.append)
     finally:
         ctx.close()
         model.close()

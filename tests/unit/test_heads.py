@@ -46,8 +46,8 @@ def test_the_drafter_computes_the_heads_logits_as_defined():
     h = np.random.default_rng(3).normal(0, 1, D).astype(np.float32)
     on, off = int(heads.tokens[7]), next(t for t in range(V) if t not in heads.tokens)
     for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1]), V + 5, -1):
-        assert np.allclose(drafter.logits(h, pending, 3), heads.logits(h, pending), atol=1e-5)
-        assert np.allclose(drafter.logits(h, pending, 1), heads.logits(h, pending)[:1], atol=1e-5)
+        for k in (1, 2, 3):
+            assert np.allclose(drafter.head(h, pending, k), heads.logits(h, pending)[k - 1], atol=1e-5)
 
 
 def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
@@ -215,7 +215,7 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert source.propose([1, 2, 3, 4], budget(), SamplingConfig(), rng).candidates == ()  # another text
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), rng)
     assert 1 <= len(proposal.candidates) <= 4
-    logits = source.heads.logits(h, 3, 3)
+    logits = [source.heads.head(h, 3, k) for k in (1, 2, 3)]
     for c in proposal.candidates:
         assert all(isinstance(e, Guess) and e in PRIORS for e in c.evidence)
         assert all(t in source.heads.tokens for t in c.tokens) and len(c.tokens) <= 3
@@ -251,7 +251,8 @@ def test_a_deeper_head_is_computed_only_where_its_tokens_could_be_worth_a_row():
 
     def ask(stop_below):
         heads.computed.clear()
-        proposal = source.propose([1, 2, 3], Budget(3, 4, stop_below=stop_below), SamplingConfig(), np.random.default_rng(0))
+        proposal = source.propose([1, 2, 3], Budget(3, 4, stop_below=stop_below), SamplingConfig(),
+                                  np.random.default_rng(0))
         return heads.computed[:], proposal.candidates
     computed, everything = ask(0.0)
     assert computed == [1, 2, 3] and max(len(c.tokens) for c in everything) == 3
