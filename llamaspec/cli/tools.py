@@ -30,7 +30,7 @@ from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
 from ..training import TrainConfig, train_heads
-from ..training.run import SMALL, SMALL_TOKENS, TOKENS
+from ..training.run import MINUTES, READ_SHARE, SMALL, SMALL_MINUTES, SMALL_TOKENS, TOKENS
 from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
                       split_names, write_text, _placement)
 
@@ -216,6 +216,10 @@ def heads_group() -> None:
               help="Tokens the heads can guess: the most frequent of the target's [default: 0, those that "
                    "make 95% of the target's tokens on the text, 1024 to 8192].")
 @click.option("--epochs", type=float, default=TrainConfig.epochs, show_default=True)
+@click.option("--minutes", type=float, default=None,
+              help=f"The most minutes reading and training take: the reading stops at {READ_SHARE:.0%} of them, the "
+                   f"training at their end [default: {MINUTES:g}; {SMALL_MINUTES:g} for a target under "
+                   f"{SMALL // 10**9}B parameters].")
 @click.option("--seed", type=int, default=TrainConfig.seed, show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Heads file to write [default: CACHE/heads/MODEL_FILE.heads.npz, where generate, chat, serve and "
@@ -223,15 +227,16 @@ def heads_group() -> None:
 @click.option("-t", "--threads", "n_threads", type=int, default=None, help="Threads [default: all cores].")
 @cache_option
 def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tokens: Optional[int], n_tokens: int,
-                epochs: float, seed: int, output: Optional[Path], n_threads: Optional[int],
+                epochs: float, minutes: Optional[float], seed: int, output: Optional[Path], n_threads: Optional[int],
                 cache_dir: Optional[Path]) -> None:
     """Train draft heads for a model on this machine, from its own hidden states and tokens."""
     config = TrainConfig(heads=n_heads, n_tokens=n_tokens, epochs=epochs, seed=seed)
     if output is not None:
         check_writable(output)
     path, report = train_heads(model or models.default_pair()[0], files, config, output, tokens,
-                               threads=n_threads, cache_dir=cache_dir)
-    cut = " (stopped by Ctrl-C: what was trained is kept)" if report.interrupted else ""
+                               threads=n_threads, cache_dir=cache_dir, minutes=minutes)
+    cut = " (stopped by Ctrl-C: what was trained is kept)" if report.interrupted else \
+        f" (stopped at the time given, before {epochs:g} epochs)" if report.out_of_time else ""
     click.echo(f"{path}: {n_heads} heads over {report.n_tokens} tokens ({report.coverage:.0%} of the target's), "
                f"{report.rows} rows, {report.steps} steps in {report.seconds:.0f} s{cut}", err=True)
     if not report.held_out_rows:

@@ -14,10 +14,12 @@ the same piece of text. On the target's own answers that is the text itself; on 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -110,11 +112,13 @@ class States:
         return States(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
-def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
+def read(ctx: Context, tokens: Sequence[int], piece: int, deadline: float = math.inf) -> States:
     """The target's hidden states and argmax at every row of ``tokens``, read in windows of
-    n_batch tokens, each from an empty cache."""
+    n_batch tokens, each from an empty cache, until ``deadline`` (``perf_counter``'s time)."""
     parts = []
     for start in range(0, len(tokens), ctx.n_batch):
+        if perf_counter() >= deadline:
+            break
         window = tokens[start:start + ctx.n_batch]
         ctx.seq_rm(0, -1, -1)
         ctx.decode_rows([(t, i, (0,), True) for i, t in enumerate(window)], hidden=True)
@@ -127,12 +131,14 @@ def read(ctx: Context, tokens: Sequence[int], piece: int) -> States:
 
 
 def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new: int, pieces: Sequence[int],
-            progress: Callable[[int], None] = lambda n: None) -> Tuple[List[States], bool]:
+            progress: Callable[[int], None] = lambda n: None, deadline: float = math.inf
+            ) -> Tuple[List[States], bool]:
     """The target's greedy answers to ``prompts`` (up to ``n_new`` tokens each or an end of
     generation), decoded together: prompt j in sequence j, one row per unfinished answer in each
-    decode. Each answer's rows: its prompt's last row, then every generated token's, as they are
-    read; ``pieces[j]`` names answer j's rows. Returns the answers, and whether a Ctrl-C cut them
-    short (the rows read so far are kept). The context needs a sequence per prompt.
+    decode, until ``deadline``. Each answer's rows: its prompt's last row, then every generated
+    token's, as they are read; ``pieces[j]`` names answer j's rows. Returns the answers, and
+    whether a Ctrl-C cut them short (the rows read so far are kept, as at the deadline). The
+    context needs a sequence per prompt.
 
         decode t:   seq 0  seq 1  seq 2      (an answer that ended drops out)
         rows        a0[t]  a1[t]  a2[t]      each row's argmax is its answer's token t+1
@@ -153,7 +159,7 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
         going = {j: (p[-1], len(p) - 1) for j, p in enumerate(prompts)}  # sequence: (token, position)
         for _ in range(n_new + 1):
             seqs = list(going)
-            if not seqs:
+            if not seqs or perf_counter() >= deadline:
                 break
             ctx.decode_rows([(going[j][0], going[j][1], (j,), True) for j in seqs], hidden=True)
             hidden = np.array(ctx.hidden(len(seqs)))
@@ -215,15 +221,16 @@ def file_texts(paths: Sequence[Path]) -> List[Piece]:
 
 
 def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int, answer_tokens: int,
-            progress: Callable[[int], None] = lambda n: None) -> Tuple[States, bool]:
-    """The target's states on ``pieces`` until ``max_tokens`` rows (``answer_tokens`` generated
-    per prompt; consecutive prompts answered together, as many as the context has sequences).
-    Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
+            progress: Callable[[int], None] = lambda n: None, deadline: float = math.inf) -> Tuple[States, bool]:
+    """The target's states on ``pieces`` until ``max_tokens`` rows or ``deadline``
+    (``perf_counter``'s time; a decode begun before it ends after it), ``answer_tokens``
+    generated per prompt (consecutive prompts answered together, as many as the context has
+    sequences). Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
     template: Optional[ChatTemplate] = None
     parts: List[States] = []
     n, i = 0, 0
     try:
-        while i < len(pieces) and n < max_tokens:
+        while i < len(pieces) and n < max_tokens and perf_counter() < deadline:
             if pieces[i].kind == "answer":
                 template = template or ChatTemplate(model)
                 n_new = min(answer_tokens, max_tokens - n)
@@ -234,11 +241,11 @@ def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int
                     group.append(i + len(group))
                 prompts = [model.tokenize(template.render([{"role": "user", "content": pieces[j].text}]),
                                           add_special=False, parse_special=True) for j in group]
-                got, cut = answers(ctx, model, prompts, n_new, group, progress)
+                got, cut = answers(ctx, model, prompts, n_new, group, progress, deadline)
                 i += len(group)
             else:
                 tokens = model.tokenize(pieces[i].text, add_special=True, parse_special=False)[:max_tokens - n]
-                got, cut = [read(ctx, tokens, i)], False
+                got, cut = [read(ctx, tokens, i, deadline)], False
                 progress(len(got[0]))
                 i += 1
             for g in got:

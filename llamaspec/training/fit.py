@@ -19,6 +19,7 @@ count as misses in the held-out agreement).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -65,7 +66,8 @@ class Report:
     """What a training run did and how the heads do on the held-out text: ``top1[k-1]`` and
     ``top5[k-1]``, how often head k's best token (one of its best five) is the target's token k
     places ahead; ``base_top1``: the same for the untrained heads (the target's own output
-    matrix on its hidden state)."""
+    matrix on its hidden state). ``interrupted``: stopped by a Ctrl-C; ``out_of_time``: by the
+    deadline, before its epochs."""
 
     rows: int
     held_out_rows: int
@@ -73,6 +75,7 @@ class Report:
     coverage: float
     steps: int
     interrupted: bool
+    out_of_time: bool
     seconds: float
     top1: Tuple[float, ...]
     top5: Tuple[float, ...]
@@ -188,10 +191,12 @@ def held_out(heads: Heads, states: States, rows: np.ndarray, weight: float = PRI
 
 
 def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndarray], config: TrainConfig,
-          meta: Dict[str, Any], progress: Callable[[int, int, float], None] = lambda step, steps, loss: None
-          ) -> Tuple[Heads, Report]:
+          meta: Dict[str, Any], progress: Callable[[int, int, float], None] = lambda step, steps, loss: None,
+          deadline: float = math.inf) -> Tuple[Heads, Report]:
     """Heads fitted to ``states`` (``out_rows(tokens)``: the output matrix's rows for the map).
-    A Ctrl-C stops the training and keeps the heads as they are (``Report.interrupted``)."""
+    A Ctrl-C stops the training and keeps the heads as they are (``Report.interrupted``); so
+    does ``deadline`` (``time.perf_counter``'s), early enough to measure them on the held-out
+    rows by then (as long as measuring the untrained heads took)."""
     t0 = time.perf_counter()
     d = states.hidden.shape[1]
     train_rows, held_rows = split(states, config.held_out, config.seed)
@@ -206,7 +211,9 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
         """[h; e] of ``rows``"""
         return np.concatenate([states.hidden[rows], heads.pending(states.next[rows])], axis=1)
 
+    t1 = time.perf_counter()
     base1, _, _ = held_out(heads, states, held_rows)
+    stop = deadline - (time.perf_counter() - t1)
     examples = []
     for k in range(1, config.heads + 1):
         rows, labels = states.ahead(k, train_rows)
@@ -216,9 +223,12 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     steps = int(np.ceil(config.epochs * n_rows / config.batch)) if n_rows else 0
     rng = np.random.default_rng(config.seed)
     adam = Adam([heads.w.shape[1:], heads.b.shape[1:]] * config.heads, config.lr)
-    done, interrupted = 0, False
+    done, interrupted, out_of_time = 0, False, False
     try:
         for step in range(steps):
+            if time.perf_counter() >= stop:
+                out_of_time = True
+                break
             params, grads, losses = [], [], []
             for k, (rows, labels, ahead) in enumerate(examples):
                 pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
@@ -235,8 +245,8 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
         interrupted = True
     top1, top5, heads.calibration = held_out(heads, states, held_rows)
     report = Report(rows=len(train_rows), held_out_rows=len(held_rows), n_tokens=len(tokens), coverage=coverage,
-                    steps=done, interrupted=interrupted, seconds=time.perf_counter() - t0, top1=tuple(top1),
-                    top5=tuple(top5), base_top1=tuple(base1))
+                    steps=done, interrupted=interrupted, out_of_time=out_of_time, seconds=time.perf_counter() - t0,
+                    top1=tuple(top1), top5=tuple(top5), base_top1=tuple(base1))
     heads.meta.update(n_tokens=len(tokens), heads=config.heads, report=report.as_dict(),
                       settings={k: v for k, v in config.__dict__.items()})
     return heads, report

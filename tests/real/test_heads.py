@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +64,22 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
         assert r.stats.sources and "heads" not in r.stats.sources
     finally:
         spec.close()
+
+
+def test_heads_train_ends_in_the_minutes_given(model_file, tmp_path):
+    """--minutes bounds the reading and the training together: 1,000 epochs of 4,096 tokens would
+    take minutes, 0.2 of a minute stops them (the heads written all the same); 0 is a one-line
+    error."""
+    out = tmp_path / "h.npz"
+    args = ["heads", "train", "-m", str(model_file(SMOL)), "-f", str(ROOT / "README.md"), "--tokens", "4096",
+            "--epochs", "1000", "-o", str(out), "-t", str(THREADS)]
+    start = time.perf_counter()
+    trained = run(*args, "--minutes", "0.2")
+    assert trained.exit_code == 0, trained.output
+    assert time.perf_counter() - start < 30 and "stopped at the time given, before 1000 epochs" in trained.stderr
+    report = Heads.read(out).meta["report"]
+    assert report["out_of_time"] and 0 < report["rows"] < 4096, report
+    assert_one_line_error(run(*args, "--minutes", "0"), "minutes must be > 0")
 
 
 def test_the_hidden_state_times_the_output_matrix_is_the_logits(model_file):
@@ -165,6 +182,28 @@ def test_the_reading_answers_no_more_prompts_together_than_the_rows_left_need(mo
         model.close()
     assert not cut and len(states) == 20
     assert 20 <= sum(read) <= 2 * 17 and len(set(states.piece)) == 2
+
+
+def test_the_reading_stops_at_its_deadline_and_keeps_what_it_read(model_file, monkeypatch):
+    """A deadline reached while two answers are decoded together: no decode starts after it, the
+    rows read are kept, and no further piece is read (the clock here ticks once a look)."""
+    from llamaspec.training import data
+    clock = iter(range(10**6))
+    monkeypatch.setattr(data, "perf_counter", lambda: next(clock))
+    model = Model(model_file(SMOL))
+    ctx = model.context(2 * 512, THREADS, 512, 2)
+    pieces = [data.Piece("answer", "Write a long story about a dragon."),
+              data.Piece("answer", "Write a long poem about the sea."),
+              data.Piece("text", (ROOT / "README.md").read_text())]
+    read = []
+    try:
+        # the clock's looks: 0 the reading goes on, 1-5 a decode each, 6 the deadline
+        states, cut = data.collect(model, ctx, pieces, 1000, 64, read.append, deadline=6)
+    finally:
+        ctx.close()
+        model.close()
+    assert not cut and len(states) == sum(read) == 10
+    assert sorted(int(p) // 1_000_000 for p in states.piece) == [0] * 5 + [1] * 5
 
 
 def test_the_heads_replay_script_replays_an_answer_on_the_recorded_gpu_curve(model_file, smol_heads):

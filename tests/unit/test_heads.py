@@ -19,7 +19,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import head_step, held_out, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import head_step, held_out, split, targets, token_map, TrainConfig, train
 from llamaspec.training.data import SPREAD, States, best
 
 D, N, V = 8, 12, 40
@@ -162,6 +162,25 @@ def test_training_learns_a_rule_the_heads_can_express():
     heads, report = train(states, 64, lambda t: out[t], TrainConfig(heads=1, n_tokens=64, epochs=20, lr=3e-3),
                           {"format": FORMAT})
     assert report.top1[0] > report.base_top1[0] + 0.1, report
+
+
+def test_training_stops_at_its_deadline_and_still_measures_the_heads():
+    """A deadline already past trains no step (the heads as untrained, measured on the held-out
+    rows all the same); one never reached trains every epoch."""
+    import time
+    rng = np.random.default_rng(2)
+    n, d = 1000, 8
+    hidden = rng.normal(0, 1, (n, d)).astype(np.float32)
+    labels = rng.integers(0, 16, n)
+    states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32), labels)
+    out = rng.normal(0, 1, (16, d)).astype(np.float32)
+    config = TrainConfig(heads=2, n_tokens=16, epochs=2)
+    late, report = train(states, 16, lambda t: out[t], config, {"format": FORMAT}, deadline=time.perf_counter())
+    assert report.out_of_time and not report.interrupted and report.steps == 0 and not late.w.any()
+    assert report.held_out_rows > 0 and report.top1 == report.base_top1
+    _, full = train(states, 16, lambda t: out[t], config, {"format": FORMAT})
+    rows, _ = states.ahead(1, split(states, config.held_out, config.seed)[0])  # head 1 has the most rows
+    assert not full.out_of_time and full.steps == int(np.ceil(2 * len(rows) / config.batch)), full
 
 
 def test_training_learns_from_the_pending_token():
