@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Optional, Sequence, Tuple
@@ -16,17 +17,32 @@ from ..sources.heads import FORMAT, cached_path
 from .data import GROUP, collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
-# Rows of the default training text, answers to the default prompts first (up to 54,000 rows
-# of the 1.5B's, read at about 80 rows/s on 2 cores; code and documentation at 143): the 1.5B
-# trains in under 30 minutes there. A target under SMALL parameters reads fewer: SmolLM2-135M reads its
-# states only 2.6x faster than the 1.5B, and 65,536 rows took 5 min 23 s to train on.
-TOKENS, SMALL_TOKENS, SMALL = 114688, 49152, 1_000_000_000
-# Minutes a training takes at most from the target's loading to the file written (the issue's 30
-# and 5 on 2 cores, less a margin), whatever the machine: the reading stops at READ_SHARE of them
-# (the 1.5B's 114,688 rows took 19 of its 29 minutes on 2 AMD EPYC cores, where the budget
-# changes nothing), the training where the rest ends. A slower machine reads fewer rows and
-# trains fewer steps.
-MINUTES, SMALL_MINUTES, READ_SHARE = 29.0, 4.8, 0.66
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a training reads and spends by default for a target of its size: ``tokens``, rows of
+    the default text (answers to the default prompts first); ``minutes``, the most it takes from
+    the target's loading to the file written, whatever the machine (the issue's 30 and 5 on 2
+    cores, less a margin), of which the reading takes at most ``read_share`` and the training the
+    rest. A slower machine reads fewer rows and trains fewer steps; on 2 AMD EPYC cores neither
+    bound is reached first by much: the 1.5B reads its 114,688 rows (up to 54,000 of them answers,
+    at about 80 rows/s; code and documentation at 143) in about 19 minutes and trains in 10;
+    SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in 3.8 and trains in 1."""
+
+    tokens: int
+    minutes: float
+    read_share: float
+
+
+LARGE, SMALL_TARGET = Defaults(114688, 29.0, 0.66), Defaults(49152, 4.8, 0.8)
+SMALL = 1_000_000_000  # parameters: a target under this is a small one
+
+
+def defaults(n_params: int) -> Defaults:
+    """The training's defaults for a target of ``n_params`` parameters."""
+    return SMALL_TARGET if n_params < SMALL else LARGE
+
+
 # the target's answer to each default prompt, at most: 421 answers of 128 tokens guessed better
 # than 203 of 256 (head 1 on answers outside the mix: prose 0.324 -> 0.338, code 0.414 -> 0.465)
 ANSWER_TOKENS = 128
@@ -41,8 +57,8 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     ``output`` (default: where they are found without --heads, training.run's ``cached_path``).
     Returns the file and the training's report. Ctrl-C while the text is read trains on what
     was read; while training, keeps the heads as they are. ``tokens``: the text's rows to read
-    (default: ``default_tokens``); ``minutes``: the most the reading and training take together
-    (default: ``default_minutes``; the model's download is not counted)."""
+    (default: ``defaults``); ``minutes``: the most the reading and training take together
+    (default: ``defaults``; the model's download is not counted)."""
     if tokens is not None and tokens < 64:
         raise ConfigError(f"training needs at least 64 tokens of text, got {tokens}")
     if minutes is not None and not minutes > 0:
@@ -56,8 +72,9 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     start = perf_counter()
     target = Model(path)
     try:
-        tokens = tokens if tokens is not None else default_tokens(target.n_params)
-        seconds = 60 * (minutes if minutes is not None else default_minutes(target.n_params))
+        size = defaults(target.n_params)
+        tokens = tokens if tokens is not None else size.tokens
+        seconds = 60 * (minutes if minutes is not None else size.minutes)
         pieces = file_texts(files) if files else default_texts(config.seed)
         group = GROUP if any(p.kind == "answer" for p in pieces) else 1  # a sequence per answer decoded together
         ctx = target.context(max(2048, group * (PROMPT_ROOM + answer_tokens)), threads or default_threads(), 512,
@@ -66,7 +83,7 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
             with tqdm(total=tokens, desc="reading the target's states", unit="tok", disable=not progress,
                       leave=False) as bar:
                 states, cut = collect(target, ctx, pieces, tokens, answer_tokens, bar.update,
-                                      start + READ_SHARE * seconds)
+                                      start + size.read_share * seconds)
         finally:
             ctx.close()
         if len(states) < 64:
@@ -85,12 +102,3 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
     finally:
         target.close()
 
-
-def default_tokens(n_params: int) -> int:
-    """Rows of training text read by default for a target of ``n_params`` parameters."""
-    return SMALL_TOKENS if n_params < SMALL else TOKENS
-
-
-def default_minutes(n_params: int) -> float:
-    """The most minutes a training takes by default for a target of ``n_params`` parameters."""
-    return SMALL_MINUTES if n_params < SMALL else MINUTES

@@ -17,19 +17,20 @@ import llamaspec
 from llamaspec.llama.binding import Model
 from llamaspec.sources.heads import Heads, HeadsError, cached_path
 from llamaspec.training.data import output_rows
-from llamaspec.training.run import SMALL_TOKENS, TOKENS, default_tokens
+from llamaspec.training.run import LARGE, SMALL_TARGET, defaults
 
 from conftest import QWEN, QWEN_DRAFT, ROOT, SMOL, THREADS, assert_one_line_error, chatml, run
 
 
-def test_the_default_training_text_is_halved_for_targets_under_a_billion_parameters(model_file):
+def test_the_default_training_text_and_time_are_less_for_targets_under_a_billion_parameters(model_file):
     sizes = {}
     for name in (SMOL, QWEN_DRAFT, QWEN):
         model = Model(model_file(name), vocab_only=True)
         sizes[name] = model.n_params
         model.close()
     assert sizes[SMOL] < sizes[QWEN_DRAFT] < 10**9 < sizes[QWEN]
-    assert [default_tokens(sizes[n]) for n in (SMOL, QWEN_DRAFT, QWEN)] == [SMALL_TOKENS, SMALL_TOKENS, TOKENS]
+    assert [defaults(sizes[n]) for n in (SMOL, QWEN_DRAFT, QWEN)] == [SMALL_TARGET, SMALL_TARGET, LARGE]
+    assert SMALL_TARGET.tokens < LARGE.tokens and SMALL_TARGET.minutes <= 5 and LARGE.minutes <= 30
 
 
 def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file, tmp_path):
