@@ -210,8 +210,8 @@ def heads_group() -> None:
 @click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
               help="Heads: head k guesses the token k places after the next one.")
 @click.option("--tokens", type=int, default=None,
-              help=f"Tokens of training text to read [default: {LARGE.tokens:,}; {SMALL_TARGET.tokens:,} for a target under "
-                   f"{SMALL // 10**9}B parameters].")
+              help=f"Tokens of training text to read [default: {LARGE.tokens:,}; {SMALL_TARGET.tokens:,} for a "
+                   f"target under {SMALL // 10**9}B parameters].")
 @click.option("--map-tokens", "n_tokens", type=int, default=0,
               help="Tokens the heads can guess: the most frequent of the target's [default: 0, those that "
                    "make 95% of the target's tokens on the text, 1024 to 8192].")

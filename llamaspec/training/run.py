@@ -22,12 +22,14 @@ from .fit import Report, TrainConfig, train
 class Defaults:
     """What a training reads and spends by default for a target of its size: ``tokens``, rows of
     the default text (answers to the default prompts first); ``minutes``, the most it takes from
-    the target's loading to the file written, whatever the machine (the issue's 30 and 5 on 2
-    cores, less a margin), of which the reading takes at most ``read_share`` and the training the
-    rest. A slower machine reads fewer rows and trains fewer steps; on 2 AMD EPYC cores neither
-    bound is reached first by much: the 1.5B reads its 114,688 rows (up to 54,000 of them answers,
-    at about 80 rows/s; code and documentation at 143) in about 19 minutes and trains in 10;
-    SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in 3.8 and trains in 1."""
+    the target's loading to the file written, whatever the machine (30 and 5 minutes on 2 cores,
+    less a margin), of which the reading takes at most ``read_share`` and the training the rest.
+    A slower machine reads fewer rows and trains fewer steps. On 2 AMD EPYC cores the rows run
+    out first: the 1.5B read its 114,688 (up to 54,000 of them answers, at about 80 rows/s; code
+    and documentation at 143) in 18 min 19 s of its 19 and trained its 6 epochs in 9 min 21 s
+    (27 min 45 s in all); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in about
+    3.5 of its 3.8 minutes (4 min 23 s in all). With one thread SmolLM2 read 28,798 rows and took
+    4 min 22 s."""
 
     tokens: int
     minutes: float
