@@ -77,6 +77,7 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
         size = defaults(target.n_params)
         tokens = tokens if tokens is not None else size.tokens
         seconds = 60 * (minutes if minutes is not None else size.minutes)
+        read_until = start + size.read_share * seconds
         pieces = file_texts(files) if files else default_texts(config.seed)
         group = GROUP if any(p.kind == "answer" for p in pieces) else 1  # a sequence per answer decoded together
         ctx = target.context(max(2048, group * (PROMPT_ROOM + answer_tokens)), threads or default_threads(), 512,
@@ -84,12 +85,13 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
         try:
             with tqdm(total=tokens, desc="reading the target's states", unit="tok", disable=not progress,
                       leave=False) as bar:
-                states, cut = collect(target, ctx, pieces, tokens, answer_tokens, bar.update,
-                                      start + size.read_share * seconds)
+                states, cut = collect(target, ctx, pieces, tokens, answer_tokens, bar.update, read_until)
         finally:
             ctx.close()
         if len(states) < 64:
-            raise ConfigError(f"the training text gave {len(states)} tokens; heads need at least 64")
+            when = f" in the {size.read_share:.0%} of {seconds / 60:g} minutes it may take" \
+                if perf_counter() >= read_until else ""
+            raise ConfigError(f"the training text gave {len(states)} tokens{when}; heads need at least 64")
         meta = {"format": FORMAT, "model": path.name, "sha256": models.sha256(path), "n_vocab": target.n_vocab,
                 "n_embd": target.n_embd, "text": [str(f) for f in files] or "default mix", "cut_short": cut}
         with tqdm(total=1, desc="training heads", unit="step", disable=not progress, leave=False) as bar:

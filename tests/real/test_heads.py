@@ -70,7 +70,7 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
 def test_heads_train_ends_in_the_minutes_given(model_file, tmp_path):
     """--minutes bounds the reading and the training together: 1,000 epochs of 4,096 tokens would
     take minutes, 0.2 of a minute stops them (the heads written all the same); 0 is a one-line
-    error."""
+    error, and so is a time too short to read any text."""
     out = tmp_path / "h.npz"
     args = ["heads", "train", "-m", str(model_file(SMOL)), "-f", str(ROOT / "README.md"), "--tokens", "4096",
             "--epochs", "1000", "-o", str(out), "-t", str(THREADS)]
@@ -81,6 +81,10 @@ def test_heads_train_ends_in_the_minutes_given(model_file, tmp_path):
     report = Heads.read(out).meta["report"]
     assert report["out_of_time"] and 0 < report["rows"] < 4096, report
     assert_one_line_error(run(*args, "--minutes", "0"), "minutes must be > 0")
+    short = run(*args, "--minutes", "0.0001")  # its progress bar, cleared on a terminal, then the error
+    assert short.exit_code != 0 and "Traceback" not in short.output
+    assert short.stderr.strip().splitlines()[-1] == \
+        "error: the training text gave 0 tokens in the 80% of 0.0001 minutes it may take; heads need at least 64"
 
 
 def test_the_hidden_state_times_the_output_matrix_is_the_logits(model_file):

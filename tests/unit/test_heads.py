@@ -3,6 +3,7 @@ gradients, the token map, the source's proposals, and exact sampling through the
 
 from __future__ import annotations
 
+import time
 from typing import List, Optional
 
 import numpy as np
@@ -167,7 +168,6 @@ def test_training_learns_a_rule_the_heads_can_express():
 def test_training_stops_at_its_deadline_and_still_measures_the_heads():
     """A deadline already past trains no step (the heads as untrained, measured on the held-out
     rows all the same); one never reached trains every epoch."""
-    import time
     rng = np.random.default_rng(2)
     n, d = 1000, 8
     hidden = rng.normal(0, 1, (n, d)).astype(np.float32)
