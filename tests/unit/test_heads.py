@@ -20,7 +20,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import head_step, held_out, split, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import Adam, head_step, held_out, split, targets, token_map, TrainConfig, train
 from llamaspec.training.data import SPREAD, States, best
 
 D, N, V = 8, 12, 40
@@ -139,6 +139,23 @@ def test_the_target_s_best_tokens_and_their_probabilities_are_its_softmax_s():
     assert np.array_equal(ids[:, 0], logits.argmax(axis=1)) and ids[0, 0] == 11 and ids[0, 1] == 12
     assert np.array_equal(ids[near], order[near]) and np.allclose(p[near], np.take_along_axis(z, order, axis=1)[near])
     assert not near.all() and (p[~near] == 0).all() and (ids[~near] == ids[:, :1].repeat(8, axis=1)[~near]).all()
+
+
+def test_adam_in_place_moves_the_parameters_as_the_textbook_rule():
+    rng = np.random.default_rng(3)
+    params = [rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal(4).astype(np.float32)]
+    ref = [p.astype(np.float64) for p in params]
+    m, v = [np.zeros_like(p) for p in ref], [np.zeros_like(p) for p in ref]
+    adam = Adam([p.shape for p in params], 0.01)
+    for t in range(1, 6):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+        adam.step(params, grads)
+        for p, g, m_, v_ in zip(ref, grads, m, v):
+            m_[:] = 0.9 * m_ + 0.1 * g
+            v_[:] = 0.999 * v_ + 0.001 * g * g
+            p -= 0.01 * (m_ / (1 - 0.9 ** t)) / (np.sqrt(v_ / (1 - 0.999 ** t)) + 1e-8)
+    for p, r in zip(params, ref):
+        np.testing.assert_allclose(p, r, rtol=1e-5, atol=1e-6)
 
 
 def test_token_map_takes_the_most_frequent_tokens():
