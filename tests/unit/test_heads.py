@@ -20,7 +20,7 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
-from llamaspec.training.fit import Adam, head_step, held_out, split, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import Adam, folded, head_step, held_out, split, targets, token_map, TrainConfig, train
 from llamaspec.training.data import SPREAD, States, best
 
 D, N, V = 8, 12, 40
@@ -96,31 +96,33 @@ def test_heads_for_another_model_are_refused(tmp_path):
 def test_the_training_step_s_gradients_are_the_loss_s():
     rng = np.random.default_rng(3)
     w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
-    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, 2 * D)), rng.integers(0, N, 5)
-    loss, dw, db = head_step(w, b, out, h, y)
+    out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, 2 * D)), rng.integers(0, N, 5)
+    h = rng.normal(0, 1, (5, D))  # the residual: the block's input is standardised, h is not
+    loss, dw, db = head_step(w, b, out, h, x, y)
     eps = 1e-6
     for i, j in ((0, 0), (3, 5), (7, 2), (2, D + 3)):  # (2, D + 3): the pending token's embedding
         w2 = w.copy()
         w2[i, j] += eps
-        assert (head_step(w2, b, out, h, y)[0] - loss) / eps == pytest.approx(dw[i, j], rel=1e-3, abs=1e-6)
+        assert (head_step(w2, b, out, h, x, y)[0] - loss) / eps == pytest.approx(dw[i, j], rel=1e-3, abs=1e-6)
     b2 = b.copy()
     b2[4] += eps
-    assert (head_step(w, b2, out, h, y)[0] - loss) / eps == pytest.approx(db[4], rel=1e-3, abs=1e-6)
+    assert (head_step(w, b2, out, h, x, y)[0] - loss) / eps == pytest.approx(db[4], rel=1e-3, abs=1e-6)
 
 
 def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_distribution():
     rng = np.random.default_rng(4)
     w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
-    out, h, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, 2 * D)), np.array([2, 5, 7])
+    out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, 2 * D)), np.array([2, 5, 7])
+    h = x[:, :D]
     ids = np.array([[2, 3, -1], [5, -1, -1], [-1, -1, -1]])  # -1: off the map
     p = np.array([[0.5, 0.25, 0.25], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]], np.float32)
     t = targets(y, N, (ids, p))
     assert t[0, 2] == pytest.approx(2 / 3) and t[0, 3] == pytest.approx(1 / 3)  # renormalised on the map
     assert t[1, 5] == 1.0 and t[2, 7] == 1.0  # all off the map: the target's choice
-    loss, dw, _ = head_step(w, b, out, h, y, (ids, p))
+    loss, dw, _ = head_step(w, b, out, h, x, y, (ids, p))
     w2 = w.copy()
     w2[1, 4] += 1e-6
-    assert (head_step(w2, b, out, h, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dw[1, 4], rel=1e-3, abs=1e-6)
+    assert (head_step(w2, b, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dw[1, 4], rel=1e-3, abs=1e-6)
 
 
 def test_the_target_s_best_tokens_and_their_probabilities_are_its_softmax_s():
@@ -146,10 +148,10 @@ def test_adam_in_place_moves_the_parameters_as_the_textbook_rule():
     params = [rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal(4).astype(np.float32)]
     ref = [p.astype(np.float64) for p in params]
     m, v = [np.zeros_like(p) for p in ref], [np.zeros_like(p) for p in ref]
-    adam = Adam([p.shape for p in params], 0.01)
+    adam = Adam([p.shape for p in params])
     for t in range(1, 6):
         grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
-        adam.step(params, grads)
+        adam.step(params, grads, 0.01)
         for p, g, m_, v_ in zip(ref, grads, m, v):
             m_[:] = 0.9 * m_ + 0.1 * g
             v_[:] = 0.999 * v_ + 0.001 * g * g
@@ -177,9 +179,22 @@ def test_training_learns_a_rule_the_heads_can_express():
     labels = np.roll(ahead, 1)  # labels[i + 1]: head 1's token at row i
     states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32),
                     rng.integers(0, 64, n))
-    heads, report = train(states, 64, lambda t: out[t], TrainConfig(heads=1, n_tokens=64, epochs=20, lr=3e-3),
+    heads, report = train(states, 64, lambda t: out[t], TrainConfig(heads=1, n_tokens=64, epochs=20, lr=1e-2),
                           {"format": FORMAT})
     assert report.top1[0] > report.base_top1[0] + 0.1, report
+
+
+def test_blocks_trained_on_standardised_inputs_fold_back_onto_the_raw_ones():
+    rng = np.random.default_rng(5)
+    k, d = 2, 6
+    w, b = rng.normal(0, 1, (k, d, 2 * d)).astype(np.float32), rng.normal(0, 1, (k, d)).astype(np.float32)
+    mu = rng.normal(0, 50, 2 * d).astype(np.float32)
+    sd = np.exp(rng.normal(0, 3, 2 * d)).astype(np.float32)
+    x = (mu + sd * rng.normal(0, 1, (7, 2 * d))).astype(np.float32)
+    w_x, b_x = folded(w, b, mu, sd)
+    assert w_x.dtype == np.float32 and np.array_equal(w_x, w_x.astype(np.float16).astype(np.float32))  # as kept
+    np.testing.assert_allclose(np.einsum("kij,nj->kni", w_x, x) + b_x[:, None, :],
+                               np.einsum("kij,nj->kni", w, (x - mu) / sd) + b[:, None, :], atol=2e-2)
 
 
 def test_training_stops_at_its_deadline_and_still_measures_the_heads():
@@ -211,7 +226,7 @@ def test_training_learns_from_the_pending_token():
     out = rng.normal(0, 1, (v, d)).astype(np.float32)
     after = (out[pending] @ rng.normal(0, 1, (d, d)) @ out.T).argmax(axis=1)  # the token after the pending one
     labels = np.roll(after, 1)
-    config = TrainConfig(heads=1, n_tokens=v, epochs=20, lr=3e-3)
+    config = TrainConfig(heads=1, n_tokens=v, epochs=20, lr=1e-2)
     states = States(hidden, labels, np.arange(n) // 100, labels[:, None], np.ones((n, 1), np.float32), pending)
     _, report = train(states, v, lambda t: out[t], config, {"format": FORMAT})
     states.next = np.full(n, -1)
