@@ -194,8 +194,10 @@ def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 def folded(w: np.ndarray, b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Blocks (K, d, 2d), (K, d) trained on (x - mu) / sd as blocks on x: W / sd, rounded as the
-    file keeps it, and b - (W / sd) mu with that rounding, so the two cancel on mu exactly."""
-    w_x = (w / sd).astype(np.float16).astype(np.float32)
+    file keeps it (float16, held within its range where a column barely varies), and b - (W /
+    sd) mu with that rounding, so the two cancel on mu exactly."""
+    big = float(np.finfo(np.float16).max)
+    w_x = np.clip(w / sd, -big, big).astype(np.float16).astype(np.float32)
     return w_x, b - w_x @ mu
 
 

@@ -195,6 +195,9 @@ def test_blocks_trained_on_standardised_inputs_fold_back_onto_the_raw_ones():
     assert w_x.dtype == np.float32 and np.array_equal(w_x, w_x.astype(np.float16).astype(np.float32))  # as kept
     np.testing.assert_allclose(np.einsum("kij,nj->kni", w_x, x) + b_x[:, None, :],
                                np.einsum("kij,nj->kni", w, (x - mu) / sd) + b[:, None, :], atol=2e-2)
+    w_x, b_x = folded(np.full((1, 2, 4), 100, np.float32), np.zeros((1, 2), np.float32), np.zeros(4, np.float32),
+                      np.full(4, 1e-3, np.float32))  # 1e5: beyond float16's range
+    assert np.isfinite(w_x).all() and np.isfinite(b_x).all()
 
 
 def test_training_stops_at_its_deadline_and_still_measures_the_heads():
