@@ -277,9 +277,9 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
             for k, (rows, labels, ahead) in enumerate(examples):
                 pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
                 r = rows[pick]
+                x = inputs(r)
                 soft = (index[states.top[r + ahead]], states.top_p[r + ahead]) if config.soft else None
-                loss, dw, db = head_step(w[k], b[k], heads.out, states.hidden[r], (inputs(r) - mu) / sd,
-                                         labels[pick], soft)
+                loss, dw, db = head_step(w[k], b[k], heads.out, x[:, :d], (x - mu) / sd, labels[pick], soft)
                 params += [w[k], b[k]]
                 grads += [dw, db]
                 losses.append(loss)
