@@ -303,6 +303,6 @@ def smol_heads(model_file, tmp_path_factory) -> Path:
     """Draft heads for SmolLM2, trained once for the suite on a little of the README (seconds)."""
     from llamaspec.training import TrainConfig, train_heads
     out = tmp_path_factory.mktemp("heads") / "smol.heads.npz"
-    path, _ = train_heads(str(model_file(SMOL)), [ROOT / "README.md"], TrainConfig(epochs=3), out, tokens=1536,
+    path, _ = train_heads(str(model_file(SMOL)), [str(ROOT / "README.md")], TrainConfig(epochs=3), out, tokens=1536,
                           threads=THREADS, progress=False)
     return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 from tqdm import tqdm
 
@@ -51,7 +51,7 @@ ANSWER_TOKENS = 128
 PROMPT_ROOM = 352  # cells of each answer's sequence for its prompt
 
 
-def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = TrainConfig(),
+def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: TrainConfig = TrainConfig(),
                 output: Optional[Path] = None, tokens: Optional[int] = None, answer_tokens: int = ANSWER_TOKENS,
                 threads: Optional[int] = None, cache_dir: Optional[Path] = None, progress: bool = True,
                 minutes: Optional[float] = None) -> Tuple[Path, Report]:
@@ -65,8 +65,9 @@ def train_heads(model: str, files: Sequence[Path] = (), config: TrainConfig = Tr
         raise ConfigError(f"training needs at least 64 tokens of text, got {tokens}")
     if minutes is not None and not minutes > 0:
         raise ConfigError(f"minutes must be > 0, got {minutes}")
+    files = [Path(f) for f in files]
     for f in files:
-        if not Path(f).is_file():
+        if not f.is_file():
             raise ConfigError(f"no such training file: {f}")
     path = models.resolve_model(model, cache_dir, progress)
     out = Path(output) if output is not None else cached_path(path, models.cache_dir(cache_dir))
