@@ -209,6 +209,8 @@ def heads_group() -> None:
                    "standard library and installed packages' descriptions].")
 @click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
               help="Heads: head k guesses the token k places after the next one.")
+@click.option("--rank", type=int, default=TrainConfig.rank, show_default=True,
+              help="Each head's inner units: its block goes from the hidden state through this many and back.")
 @click.option("--tokens", type=int, default=None,
               help=f"Tokens of training text to read [default: {LARGE.tokens:,}; {SMALL_TARGET.tokens:,} for a "
                    f"target under {SMALL // 10**9}B parameters].")
@@ -226,11 +228,11 @@ def heads_group() -> None:
                    "bench find them without --heads].")
 @click.option("-t", "--threads", "n_threads", type=int, default=None, help="Threads [default: all cores].")
 @cache_option
-def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, tokens: Optional[int], n_tokens: int,
-                epochs: float, minutes: Optional[float], seed: int, output: Optional[Path], n_threads: Optional[int],
-                cache_dir: Optional[Path]) -> None:
+def heads_train(model: Optional[str], files: Tuple[Path, ...], n_heads: int, rank: int, tokens: Optional[int],
+                n_tokens: int, epochs: float, minutes: Optional[float], seed: int, output: Optional[Path],
+                n_threads: Optional[int], cache_dir: Optional[Path]) -> None:
     """Train draft heads for a model on this machine, from its own hidden states and tokens."""
-    config = TrainConfig(heads=n_heads, n_tokens=n_tokens, epochs=epochs, seed=seed)
+    config = TrainConfig(heads=n_heads, rank=rank, n_tokens=n_tokens, epochs=epochs, seed=seed)
     if output is not None:
         check_writable(output)
     path, report = train_heads(model or models.default_pair()[0], files, config, output, tokens,

@@ -6,15 +6,19 @@ same decode as the logits) at the row that chose the pending token x[t+1] is wha
 matrix E turns into logits: ``logits = E h``. Head k (k = 1 .. K) guesses the token k places
 after the pending one, x[t+1+k], from h and a vector e standing for x[t+1]::
 
-    z_k = h + SiLU(W_k [h; e] + b_k)     a residual block (W_k (d, 2d), b_k trained; zero: z_k = h)
+    a_k = V_k [h; e] + c_k               the block's r inner units (V_k (r, 2d), c_k (r,) trained)
+    z_k = h + U_k SiLU(a_k)              back to d (U_k (d, r) trained; zero: z_k = h)
     p_k = softmax(E_N z_k)               E_N: E's rows for the N tokens of the map (frozen)
 
+a residual block as Medusa-1's, through r < d inner units (a bottleneck, as adapters have): its
+logits are E_N h, the same for every head, plus (E_N U_k) SiLU(a_k), an N x r product, where
+Medusa's full block takes a d x d and an N x d product a head (``Drafter``). A file of the
+earlier format (llamaspec-heads-2: z_k = h + SiLU(W_k [h; e] + b_k)) is this with U_k = I.
+
 e is the pending token's row of E_N (zero for a token off the map): h alone does not say which
-token the target chose from it where it hesitated, e does (docs/design.md: what it adds). A
-head costs a d x d and an N x d product on vectors the target computed anyway (W_k's half for e
-is looked up: ``Drafter``). The N tokens
-are the most frequent among the target's own choices on the training text (FR-Spec's idea);
-a token outside them is never guessed.
+token the target chose from it where it hesitated, e does (docs/design.md: what it adds). The N
+tokens are the most frequent among the target's own choices on the training text (FR-Spec's
+idea); a token outside them is never guessed.
 
 Candidates form a sparse tree (Medusa's): every head's best ``RANKS`` tokens, combined along
 paths, keeping the paths with the most expected accepted tokens. A head's probability for a
@@ -30,8 +34,8 @@ not be worth its row)::
       │                      └─ d (head 2, second)
       └─ b  (head 1, second) ── c (head 2, best)
 
-The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` (K, d, 2d) float16, ``b``
-(K, d), ``tokens`` (N,) the map, ``out`` E_N (N, d) float16 (dequantized from the model's GGUF
+The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` V (K, r, 2d) float16, ``b``
+c (K, r), ``u`` U (K, d, r) float16, ``tokens`` (N,) the map, ``out`` E_N (N, d) float16 (dequantized from the model's GGUF
 file when the heads were trained: loading reads no GGUF), ``meta`` (JSON: the format, the
 model's file name and sha256, n_vocab, n_embd, the training run's settings and each head's
 held-out top-1 and top-5).
@@ -57,7 +61,8 @@ from .base import Budget, Candidate, Outcome, Proposal, Source
 from .registry import Option, Plugin, Resources
 
 NAME = "heads"
-FORMAT = "llamaspec-heads-2"  # 1: heads on h alone
+FORMAT = "llamaspec-heads-3"
+FORMATS = ("llamaspec-heads-2", FORMAT)  # read; 2: without U (U = I), 1 (heads on h alone): not read
 MAX_HEADS = 8
 RANKS = 4  # a head's best tokens that candidates may take
 SUFFIX = ".heads.npz"
@@ -113,13 +118,14 @@ def map_index(tokens: np.ndarray, y: Any) -> Tuple[Any, Any]:
 
 @dataclass(eq=False)
 class Heads:
-    """K heads over a map of N tokens: ``w`` (K, d, 2d) acting on [h; e], ``b`` (K, d),
-    ``tokens`` (N,) vocabulary ids in order, ``out`` E_N (N, d), ``meta`` the file's record,
-    ``calibration`` (K, 11): how often head k's token was the target's on held-out text where
-    the head gave it a probability of about d / 10 (None: d / 10 itself)."""
+    """K heads over a map of N tokens: ``w`` V (K, r, 2d) acting on [h; e], ``b`` c (K, r), ``u``
+    U (K, d, r), ``tokens`` (N,) vocabulary ids in order, ``out`` E_N (N, d), ``meta`` the file's
+    record, ``calibration`` (K, 11): how often head k's token was the target's on held-out text
+    where the head gave it a probability of about d / 10 (None: d / 10 itself)."""
 
     w: np.ndarray
     b: np.ndarray
+    u: np.ndarray
     tokens: np.ndarray
     out: np.ndarray
     meta: Dict[str, Any]
@@ -143,8 +149,10 @@ class Heads:
         """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
         B of each (B, d)."""
         x = np.concatenate([h, e], axis=-1)
-        a = np.matmul(x, self.w.transpose(0, 2, 1)) + (self.b if h.ndim == 1 else self.b[:, None, :])
-        return h + silu(a)
+        k, r = self.b.shape
+        a = np.matmul(x.reshape(-1, x.shape[-1]), self.w.transpose(0, 2, 1)) + self.b[:, None, :]  # (K, B, r)
+        z = h.reshape(1, -1, h.shape[-1]) + np.matmul(silu(a), self.u.transpose(0, 2, 1))  # (K, B, d)
+        return z.reshape((k,) + h.shape)
 
     def logits(self, h: np.ndarray, pending: int) -> np.ndarray:
         """Each head's logits over the map (K, N) for one hidden state h (d,) and the token it
@@ -154,15 +162,16 @@ class Heads:
     def drafter(self) -> "Drafter":
         """These heads, frozen, for one hidden state at a time."""
         _blas()  # numpy's BLAS found now (25-220 ms), not at the first step the heads are asked
-        d = self.b.shape[1]
-        table = np.stack([self.out @ w[:, d:].T for w in self.w])  # (K, N, d): W_k^e e for each e of E_N
-        return Drafter(np.ascontiguousarray(self.w[:, :, :d]), self.b, table, self.tokens, self.out,
+        d = self.out.shape[1]
+        table = np.stack([self.out @ w[:, d:].T for w in self.w])  # (K, N, r): V_k^e e for each e of E_N
+        out_u = np.stack([self.out @ u for u in self.u])  # (K, N, r): E_N U_k
+        return Drafter(np.ascontiguousarray(self.w[:, :, :d]), self.b, table, out_u, self.tokens, self.out,
                        np.asarray(self.calibration))
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".part")
         with open(tmp, "wb") as f:
-            np.savez(f, w=self.w.astype(np.float16), b=self.b.astype(np.float32),
+            np.savez(f, w=self.w.astype(np.float16), b=self.b.astype(np.float32), u=self.u.astype(np.float16),
                      tokens=self.tokens.astype(np.int32), out=self.out.astype(np.float16),
                      calibration=np.asarray(self.calibration, np.float32),
                      meta=np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8))
@@ -175,11 +184,14 @@ class Heads:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 made = meta.get("format") if isinstance(meta, dict) else None
-                if made != FORMAT:
+                if made not in FORMATS:
                     raise HeadsError(f"{path} is {f'a {made} file' if made else 'not a heads file'}, not {FORMAT}; "
                                      f"train it again with `llamaspec heads train`")
-                heads = Heads(z["w"].astype(np.float32), z["b"].astype(np.float32), z["tokens"].astype(np.int64),
-                              z["out"].astype(np.float32), meta, z["calibration"].astype(np.float64))
+                w, b = z["w"].astype(np.float32), z["b"].astype(np.float32)
+                u = z["u"].astype(np.float32) if made == FORMAT else np.tile(np.eye(len(b[0]), dtype=np.float32),
+                                                                            (len(b), 1, 1))
+                heads = Heads(w, b, u, z["tokens"].astype(np.int64), z["out"].astype(np.float32), meta,
+                              z["calibration"].astype(np.float64))
         except HeadsError:
             raise
         except FileNotFoundError:
@@ -187,9 +199,9 @@ class Heads:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
             raise HeadsError(f"{path} is not a heads file or is cut short ({type(e).__name__}: {e}); "
                              f"train it again with `llamaspec heads train`") from None
-        k, d = heads.b.shape
-        n = len(heads.tokens)
-        if heads.w.shape != (k, d, 2 * d) or heads.tokens.shape != (n,) or heads.out.shape != (n, d) or n == 0 \
+        k, r = heads.b.shape
+        n, d = heads.out.shape
+        if heads.w.shape != (k, r, 2 * d) or heads.u.shape != (k, d, r) or heads.tokens.shape != (n,) or n == 0 \
                 or heads.calibration.shape != (k, 11) or not 1 <= k <= MAX_HEADS:
             raise HeadsError(f"{path} holds heads of inconsistent shapes")
         return heads
@@ -200,27 +212,29 @@ class Heads:
         if meta.get("n_vocab") != n_vocab or meta.get("n_embd") != n_embd or meta.get("sha256") != sha256(model_path):
             raise HeadsError(f"{where} was trained for {meta.get('model', 'another model')}, not {model_path.name}; "
                              f"train heads for it with `llamaspec heads train -m {model_path}`")
-        if self.tokens.max(initial=0) >= n_vocab or self.b.shape[1] != n_embd:
+        if self.tokens.max(initial=0) >= n_vocab or self.out.shape[1] != n_embd:
             raise HeadsError(f"{where} does not fit {model_path.name}'s vocabulary")
 
 
 @dataclass(frozen=True, eq=False)
 class Drafter:
     """The heads' logits for one hidden state at a time, as ``Heads.logits`` defines them, for less
-    memory read (a head's products are bound by reading its weights: 77 MB a step for the 1.5B's
-    three). W_k [h; e] = W_k^h h + W_k^e e, and e is a row of E_N or zero, so W_k^e e is read from
-    ``table`` (K, N, d) float32, computed once when the heads load (0.4 s and 63 MB for the 1.5B's
-    three heads over 3,398 tokens; at most K x 8,192 x d x 4 bytes); each head's
-    N x d product is a product of its own (on OpenBLAS three one-column products took 0.65 of one
-    three-column product). For the 1.5B's three heads on one core of a 2-core AMD EPYC: 3.96 ->
-    2.46 ms a step.
+    memory read (a head's products are bound by reading its weights). E_N z_k = E_N h + (E_N U_k)
+    SiLU(a_k): E_N h is the same for every head (``base``, an N x d product once a step), E_N U_k
+    is kept (``out_u``, N x r), and V_k [h; e] = V_k^h h + V_k^e e with V_k^e e read from ``table``
+    (K, N, r), since e is a row of E_N or zero; both computed once when the heads load. A head
+    then reads (N + d) x r floats: for the 1.5B (N 2,663, d 1,536) at r = 512, 2.1 M, where
+    Medusa's full block read 6.5 M. The 1.5B's three heads and E_N h on one core of a 2-core
+    AMD EPYC (AVX2): 3.58 ms a step, where the full block took 5.55 (6.53 read from a file of
+    the earlier format: U = I and E_N h apart cost one N x d product more).
 
     On one thread: OpenBLAS's other threads would spin on, taking the cores from llama.cpp's next
     decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
 
-    w: np.ndarray  # (K, d, d): W_k^h
-    b: np.ndarray  # (K, d)
-    table: np.ndarray  # (K, N, d): W_k^e E_N[n]
+    w: np.ndarray  # (K, r, d): V_k^h
+    b: np.ndarray  # (K, r): c_k
+    table: np.ndarray  # (K, N, r): V_k^e E_N[n]
+    out_u: np.ndarray  # (K, N, r): E_N U_k
     tokens: np.ndarray  # (N,)
     out: np.ndarray  # (N, d): E_N
     calibration: np.ndarray  # (K, 11): as Heads.calibration
@@ -229,12 +243,18 @@ class Drafter:
     def k(self) -> int:
         return self.w.shape[0]
 
-    def head(self, h: np.ndarray, pending: int, k: int) -> np.ndarray:
-        """Head k's logits over the map (N,) for hidden state h (d,) and ``pending`` (k = 1 .. K)."""
+    def base(self, h: np.ndarray) -> np.ndarray:
+        """E_N h (N,): what every head's logits start from, for hidden state h (d,)."""
+        with _one_thread():
+            return self.out @ h
+
+    def head(self, h: np.ndarray, base: np.ndarray, pending: int, k: int) -> np.ndarray:
+        """Head k's logits over the map (N,) for hidden state h (d,), its ``base`` and ``pending``
+        (k = 1 .. K)."""
         i, on_map = map_index(self.tokens, pending)
         with _one_thread():
             a = self.w[k - 1] @ h + self.b[k - 1] + (self.table[k - 1, i] if on_map else 0.0)
-            return self.out @ (h + silu(a))
+            return base + self.out_u[k - 1] @ silu(a)
 
 
 def cached_path(model_path: Path, cache: Path) -> Path:
@@ -283,10 +303,12 @@ class HeadsSource(Source):
             return Proposal()
         guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS
         best = 1.0  # the estimate of the tree's best path so far: no token deeper is estimated higher
+        base = None  # E_N h, once the first head is asked
         for k in range(1, min(self.heads.k, budget.max_len) + 1):
             if best < budget.stop_below:  # no deeper token is worth a row: its head's products are spared
                 break
-            row = self.heads.head(h, tokens[-1], k)
+            base = self.heads.base(h) if base is None else base
+            row = self.heads.head(h, base, tokens[-1], k)
             top = np.argpartition(row, -RANKS)[-RANKS:]
             p = np.exp(row[top] - row.max())
             p /= np.exp(row - row.max()).sum()

@@ -8,17 +8,18 @@ hidden states are far from even: a few columns vary 3,000 times as much as other
 the raw columns learned head 1 to 0.41 where it now learns 0.48), and the target's tokens k
 places after the pending ones y (B,), mapped into the N tokens of the map::
 
-    a = x W_k^T + b_k          z = h + SiLU(a)          l = z E_N^T  (B, N)
+    a = x V_k^T + c_k  (B, r)      g = SiLU(a)      z = h + g U_k^T  (B, d)      l = z E_N^T  (B, N)
     loss = mean(-sum(t * log softmax(l)))        t: the target's distribution k places ahead,
                                                  its TOP tokens renormalised on the map
                                                  (``soft``), else onehot(y)
-    dl = (softmax(l) - t) / B     dz = dl E_N     da = dz * SiLU'(a)
-    dW_k = da^T x                         db_k = sum(da)
+    dl = (softmax(l) - t) / B     dz = dl E_N     dU_k = dz^T g     da = (dz U_k) * SiLU'(a)
+    dV_k = da^T x                 dc_k = sum(da)
 
-W_k and b_k start at zero (each head then guesses as the target's own output matrix does) and
-are moved by Adam, its step size falling linearly to 0 by the training's end (its last step or
-its deadline, whichever comes first). The file keeps them folded back onto [h; e]: W_k / sd and
-b_k - (W_k / sd) mu, so that using the heads needs neither mu nor sd. Rows whose token k places
+U_k starts at zero (each head then guesses as the target's own output matrix does), V_k at
+random (N(0, 1 / 2d): a's units start apart), c_k at zero; Adam moves them, its step size
+falling linearly to 0 by the training's end (its last step or its deadline, whichever comes
+first). The file keeps V_k and c_k folded back onto [h; e]: V_k / sd and c_k - (V_k / sd) mu,
+so that using the heads needs neither mu nor sd. Rows whose token k places
 ahead is outside the map are not trained on (and count as misses in the held-out agreement).
 """
 
@@ -44,13 +45,14 @@ PRIOR_WEIGHT = 5.0  # the calibration's: rows of a decile's own value, d / 10, b
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """``heads``: K; ``n_tokens``: the map's size (0: the fewest covering COVERAGE of the target's
+    """``heads``: K; ``rank``: r, the blocks' inner units (at most the target's d); ``n_tokens``: the map's size (0: the fewest covering COVERAGE of the target's
     tokens on the training text, between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
     training rows; ``batch`` rows a step; ``lr`` Adam's first step size (it falls to 0 by the
     end); ``seed``; ``held_out``: the share of the pieces of text kept aside to measure the
     heads on; ``soft``: learn the target's distribution (its TOP tokens), else its choice alone."""
 
     heads: int = 3
+    rank: int = 512
     n_tokens: int = 0
     epochs: float = 6.0
     batch: int = 256
@@ -61,6 +63,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check(1 <= self.heads <= MAX_HEADS, f"heads must be 1 to {MAX_HEADS}, got {self.heads}")
+        check(self.rank >= 1, f"the heads' rank must be >= 1, got {self.rank}")
         check(self.n_tokens >= 0, f"the token map's size must be >= 0 (0: chosen), got {self.n_tokens}")
         check(self.epochs > 0, f"epochs must be > 0, got {self.epochs}")
         check(self.batch >= 1, f"batch must be >= 1, got {self.batch}")
@@ -163,15 +166,16 @@ def targets(y: np.ndarray, n: int, soft: Optional[Tuple[np.ndarray, np.ndarray]]
     return t / t.sum(axis=1, keepdims=True)
 
 
-def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, x: np.ndarray, y: np.ndarray,
-              soft: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Tuple[float, np.ndarray, np.ndarray]:
+def head_step(v: np.ndarray, c: np.ndarray, u: np.ndarray, out: np.ndarray, h: np.ndarray, x: np.ndarray,
+              y: np.ndarray, soft: Optional[Tuple[np.ndarray, np.ndarray]] = None
+              ) -> Tuple[float, np.ndarray, np.ndarray, np.ndarray]:
     """One head's loss on a batch of hidden states h (B, d) and the block's input x (B, 2d), and
-    its gradients (dW, db); ``y`` indexes the map, ``soft``: the target's distribution there
+    its gradients (dV, dc, dU); ``y`` indexes the map, ``soft``: the target's distribution there
     (see ``targets``)."""
-    a = x @ w.T + b
+    a = x @ v.T + c
     s = 1.0 / (1.0 + np.exp(-a))
-    z = h + a * s
-    logits = z @ out.T
+    g = a * s
+    logits = (h + g @ u.T) @ out.T
     logits -= logits.max(axis=1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=1, keepdims=True)
@@ -181,8 +185,8 @@ def head_step(w: np.ndarray, b: np.ndarray, out: np.ndarray, h: np.ndarray, x: n
     p -= t
     p /= n
     dz = p @ out
-    da = dz * (s * (1.0 + a * (1.0 - s)))
-    return loss, da.T @ x, da.sum(axis=0)
+    da = (dz @ u) * (s * (1.0 + a * (1.0 - s)))
+    return loss, da.T @ x, da.sum(axis=0), dz.T @ g
 
 
 def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -193,7 +197,7 @@ def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def folded(w: np.ndarray, b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Blocks (K, d, 2d), (K, d) trained on (x - mu) / sd as blocks on x: W / sd, rounded as the
+    """Blocks' first layers (K, r, 2d), (K, r) trained on (x - mu) / sd as on x: W / sd, rounded as the
     file keeps it (float16, held within its range where a column barely varies), and b - (W /
     sd) mu with that rounding, so the two cancel on mu exactly."""
     big = float(np.finfo(np.float16).max)
@@ -244,8 +248,11 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     index = np.full(n_vocab, -1, np.int64)
     index[tokens] = np.arange(len(tokens))
     out = np.asarray(out_rows(tokens)).astype(np.float16).astype(np.float32)  # as the file keeps it
-    heads = Heads(np.zeros((config.heads, d, 2 * d), np.float32), np.zeros((config.heads, d), np.float32), tokens,
-                  out, dict(meta))
+    r = min(config.rank, d)
+    rng = np.random.default_rng(config.seed)
+    v = (rng.normal(0, 1, (config.heads, r, 2 * d)) / math.sqrt(2 * d)).astype(np.float32)  # on (x - mu) / sd
+    c, u = np.zeros((config.heads, r), np.float32), np.zeros((config.heads, d, r), np.float32)
+    heads = Heads(np.zeros_like(v), np.zeros_like(c), np.zeros_like(u), tokens, out, dict(meta))  # untrained: z = h
 
     def inputs(rows: np.ndarray) -> np.ndarray:
         """[h; e] of ``rows``"""
@@ -261,10 +268,8 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
         examples.append((rows[keep], index[labels[keep]], k))
     n_rows = max((len(r) for r, _, _ in examples), default=0)
     steps = int(np.ceil(config.epochs * n_rows / config.batch)) if n_rows else 0
-    rng = np.random.default_rng(config.seed)
     mu, sd = scale(inputs(rng.permutation(train_rows)[:SCALE_ROWS]))
-    w, b = np.zeros_like(heads.w), np.zeros_like(heads.b)  # the blocks on (x - mu) / sd
-    adam = Adam([w.shape[1:], b.shape[1:]] * config.heads)
+    adam = Adam([v.shape[1:], c.shape[1:], u.shape[1:]] * config.heads)
     done, interrupted, out_of_time = 0, False, False
     begun = time.perf_counter()
     try:
@@ -279,16 +284,17 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
                 r = rows[pick]
                 x = inputs(r)
                 soft = (index[states.top[r + ahead]], states.top_p[r + ahead]) if config.soft else None
-                loss, dw, db = head_step(w[k], b[k], heads.out, x[:, :d], (x - mu) / sd, labels[pick], soft)
-                params += [w[k], b[k]]
-                grads += [dw, db]
+                loss, dv, dc, du = head_step(v[k], c[k], u[k], heads.out, x[:, :d], (x - mu) / sd, labels[pick],
+                                             soft)
+                params += [v[k], c[k], u[k]]
+                grads += [dv, dc, du]
                 losses.append(loss)
             adam.step(params, grads, config.lr * (1 - max(step / steps, (now - begun) / (stop - begun))))
             done = step + 1
             progress(done, steps, float(np.mean(losses)))
     except KeyboardInterrupt:
         interrupted = True
-    heads.w, heads.b = folded(w, b, mu, sd)
+    (heads.w, heads.b), heads.u = folded(v, c, mu, sd), u
     top1, top5, heads.calibration = held_out(heads, states, held_rows)
     report = Report(rows=len(train_rows), held_out_rows=len(held_rows), n_tokens=len(tokens), coverage=coverage,
                     steps=done, interrupted=interrupted, out_of_time=out_of_time, seconds=time.perf_counter() - t0,

@@ -3,6 +3,7 @@ gradients, the token map, the source's proposals, and exact sampling through the
 
 from __future__ import annotations
 
+import json
 import time
 from typing import List, Optional
 
@@ -19,17 +20,18 @@ from llamaspec.planning.speculator import Speculator, _share
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
-from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, tree
+from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, silu, tree
 from llamaspec.training.fit import Adam, folded, head_step, held_out, split, targets, token_map, TrainConfig, train
 from llamaspec.training.data import SPREAD, States, best
 
-D, N, V = 8, 12, 40
+D, N, V, R = 8, 12, 40, 5
 
 
 def fake_heads(k=3, seed=0):
     rng = np.random.default_rng(seed)
     tokens = np.sort(rng.choice(V, N, replace=False))
-    return Heads(rng.normal(0, 0.3, (k, D, 2 * D)).astype(np.float32), rng.normal(0, 0.1, (k, D)).astype(np.float32),
+    return Heads(rng.normal(0, 0.3, (k, R, 2 * D)).astype(np.float32), rng.normal(0, 0.1, (k, R)).astype(np.float32),
+                 rng.normal(0, 0.3, (k, D, R)).astype(np.float32),
                  tokens, rng.normal(0, 1, (N, D)).astype(np.float32),
                  {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf"})
 
@@ -48,7 +50,12 @@ def test_the_drafter_computes_the_heads_logits_as_defined():
     on, off = int(heads.tokens[7]), next(t for t in range(V) if t not in heads.tokens)
     for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1]), V + 5, -1):
         for k in (1, 2, 3):
-            assert np.allclose(drafter.head(h, pending, k), heads.logits(h, pending)[k - 1], atol=1e-5)
+            assert np.allclose(drafter.head(h, drafter.base(h), pending, k), heads.logits(h, pending)[k - 1],
+                               atol=1e-5)
+    rows = np.random.default_rng(4).normal(0, 1, (5, D)).astype(np.float32)  # B rows at once: as one at a time
+    e = heads.pending(heads.tokens[:5])
+    assert np.allclose(heads.hidden(rows, e), np.stack([heads.hidden(r, x) for r, x in zip(rows, e)], axis=1),
+                       atol=1e-5)
 
 
 def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
@@ -68,7 +75,8 @@ def test_heads_file_round_trip_and_its_errors(tmp_path):
     path = tmp_path / "h.heads.npz"
     heads.save(path)
     back = Heads.read(path)
-    assert np.allclose(back.w, heads.w, atol=1e-3) and np.array_equal(back.tokens, heads.tokens)
+    assert np.allclose(back.w, heads.w, atol=1e-3) and np.allclose(back.u, heads.u, atol=1e-3)
+    assert np.array_equal(back.tokens, heads.tokens)
     assert np.allclose(back.out, heads.out, atol=1e-2)
     assert back.meta == heads.meta and back.k == 3
     cut = tmp_path / "cut.heads.npz"
@@ -80,8 +88,27 @@ def test_heads_file_round_trip_and_its_errors(tmp_path):
     other = tmp_path / "other.npz"
     np.savez(other, w=heads.w, b=heads.b, tokens=heads.tokens, out=heads.out,
              meta=np.frombuffer(b'{"format": "something else"}', dtype=np.uint8))
-    with pytest.raises(HeadsError, match="other.npz is a something else file, not llamaspec-heads-2; train it again"):
+    with pytest.raises(HeadsError, match="other.npz is a something else file, not llamaspec-heads-3; train it again"):
         Heads.read(other)
+
+
+def test_a_file_of_the_full_blocks_format_still_reads_as_its_heads(tmp_path):
+    """llamaspec-heads-2 kept Medusa's full block, z = h + SiLU(W [h; e] + b), and no U: read as
+    U = I, its heads' logits are that block's."""
+    rng = np.random.default_rng(6)
+    heads = fake_heads()
+    w, b = rng.normal(0, 0.3, (3, D, 2 * D)).astype(np.float16), rng.normal(0, 0.1, (3, D)).astype(np.float32)
+    old = tmp_path / "old.heads.npz"
+    np.savez(old, w=w, b=b, tokens=heads.tokens, out=heads.out.astype(np.float16), calibration=heads.calibration,
+             meta=np.frombuffer(json.dumps(dict(heads.meta, format="llamaspec-heads-2")).encode(), dtype=np.uint8))
+    back = Heads.read(old)
+    h = rng.normal(0, 1, D).astype(np.float32)
+    e = back.pending(int(heads.tokens[2]))
+    z = h + silu(w.astype(np.float32) @ np.concatenate([h, e]) + b)
+    np.testing.assert_allclose(back.logits(h, int(heads.tokens[2])), z @ back.out.T, atol=1e-4)
+    drafter = back.drafter()
+    np.testing.assert_allclose(drafter.head(h, drafter.base(h), int(heads.tokens[2]), 2), (z @ back.out.T)[1],
+                               atol=1e-4)
 
 
 def test_heads_for_another_model_are_refused(tmp_path):
@@ -95,23 +122,22 @@ def test_heads_for_another_model_are_refused(tmp_path):
 
 def test_the_training_step_s_gradients_are_the_loss_s():
     rng = np.random.default_rng(3)
-    w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
+    v, c, u = rng.normal(0, 0.3, (R, 2 * D)), rng.normal(0, 0.1, R), rng.normal(0, 0.3, (D, R))
     out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, 2 * D)), rng.integers(0, N, 5)
     h = rng.normal(0, 1, (5, D))  # the residual: the block's input is standardised, h is not
-    loss, dw, db = head_step(w, b, out, h, x, y)
+    loss, *grads = head_step(v, c, u, out, h, x, y)
     eps = 1e-6
-    for i, j in ((0, 0), (3, 5), (7, 2), (2, D + 3)):  # (2, D + 3): the pending token's embedding
-        w2 = w.copy()
-        w2[i, j] += eps
-        assert (head_step(w2, b, out, h, x, y)[0] - loss) / eps == pytest.approx(dw[i, j], rel=1e-3, abs=1e-6)
-    b2 = b.copy()
-    b2[4] += eps
-    assert (head_step(w, b2, out, h, x, y)[0] - loss) / eps == pytest.approx(db[4], rel=1e-3, abs=1e-6)
+    # (2, D + 3): the pending token's embedding
+    for p, g, at in ((0, grads[0], ((0, 0), (3, 5), (2, D + 3))), (1, grads[1], ((4,),)), (2, grads[2], ((7, 2),))):
+        for i in at:
+            moved = [v.copy(), c.copy(), u.copy()]
+            moved[p][i] += eps
+            assert (head_step(*moved, out, h, x, y)[0] - loss) / eps == pytest.approx(g[i], rel=1e-3, abs=1e-6)
 
 
 def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_distribution():
     rng = np.random.default_rng(4)
-    w, b = rng.normal(0, 0.3, (D, 2 * D)), rng.normal(0, 0.1, D)
+    v, c, u = rng.normal(0, 0.3, (R, 2 * D)), rng.normal(0, 0.1, R), rng.normal(0, 0.3, (D, R))
     out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, 2 * D)), np.array([2, 5, 7])
     h = x[:, :D]
     ids = np.array([[2, 3, -1], [5, -1, -1], [-1, -1, -1]])  # -1: off the map
@@ -119,10 +145,12 @@ def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_d
     t = targets(y, N, (ids, p))
     assert t[0, 2] == pytest.approx(2 / 3) and t[0, 3] == pytest.approx(1 / 3)  # renormalised on the map
     assert t[1, 5] == 1.0 and t[2, 7] == 1.0  # all off the map: the target's choice
-    loss, dw, _ = head_step(w, b, out, h, x, y, (ids, p))
-    w2 = w.copy()
-    w2[1, 4] += 1e-6
-    assert (head_step(w2, b, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dw[1, 4], rel=1e-3, abs=1e-6)
+    loss, dv, _, du = head_step(v, c, u, out, h, x, y, (ids, p))
+    v2, u2 = v.copy(), u.copy()
+    v2[1, 4] += 1e-6
+    u2[3, 1] += 1e-6
+    assert (head_step(v2, c, u, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dv[1, 4], rel=1e-3, abs=1e-6)
+    assert (head_step(v, c, u2, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(du[3, 1], rel=1e-3, abs=1e-6)
 
 
 def test_the_target_s_best_tokens_and_their_probabilities_are_its_softmax_s():
@@ -211,7 +239,7 @@ def test_training_stops_at_its_deadline_and_still_measures_the_heads():
     out = rng.normal(0, 1, (16, d)).astype(np.float32)
     config = TrainConfig(heads=2, n_tokens=16, epochs=2)
     late, report = train(states, 16, lambda t: out[t], config, {"format": FORMAT}, deadline=time.perf_counter())
-    assert report.out_of_time and not report.interrupted and report.steps == 0 and not late.w.any()
+    assert report.out_of_time and not report.interrupted and report.steps == 0 and not late.u.any()
     assert report.held_out_rows > 0 and report.top1 == report.base_top1
     _, full = train(states, 16, lambda t: out[t], config, {"format": FORMAT})
     rows, _ = states.ahead(1, split(states, config.held_out, config.seed)[0])  # head 1 has the most rows
@@ -269,7 +297,7 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert source.propose([1, 2, 3, 4], budget(), SamplingConfig(), rng).candidates == ()  # another text
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), rng)
     assert 1 <= len(proposal.candidates) <= 4
-    logits = [source.heads.head(h, 3, k) for k in (1, 2, 3)]
+    logits = [source.heads.head(h, source.heads.base(h), 3, k) for k in (1, 2, 3)]
     for c in proposal.candidates:
         assert all(isinstance(e, Guess) and e in PRIORS for e in c.evidence)
         assert all(t in source.heads.tokens for t in c.tokens) and len(c.tokens) <= 3
@@ -289,9 +317,9 @@ class Counting:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def head(self, h, pending, k):
+    def head(self, h, base, pending, k):
         self.computed.append(k)
-        return self.drafter.head(h, pending, k)
+        return self.drafter.head(h, base, pending, k)
 
 
 def test_a_deeper_head_is_computed_only_where_its_tokens_could_be_worth_a_row():
