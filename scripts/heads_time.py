@@ -1,0 +1,70 @@
+"""The heads' time a step on this machine, for heads of a target's shape with random weights:
+E_N h and K heads' products as ``Drafter`` computes them, through r inner units, beside
+Medusa's full block as the earlier Drafter computed it (its own N x d product a head).
+
+    python scripts/heads_time.py --d 1536 --n 2663 --ranks 512,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import numpy as np
+
+from llamaspec.sources.heads import Heads, _one_thread, silu
+
+
+def best_ms(step: Callable[[], None], steps: int = 200, repeats: int = 5) -> float:
+    for _ in range(20):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        times.append((time.perf_counter() - t0) / steps * 1000)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", type=int, default=1536, help="the target's width (the 1.5B's)")
+    ap.add_argument("--n", type=int, default=2663, help="tokens of the map")
+    ap.add_argument("--k", type=int, default=3, help="heads")
+    ap.add_argument("--ranks", default="512,256")
+    args = ap.parse_args()
+    d, n, k = args.d, args.n, args.k
+    rng = np.random.default_rng(0)
+    out = rng.normal(0, 1, (n, d)).astype(np.float32)
+    h = rng.normal(0, 1, d).astype(np.float32)
+
+    def heads(r: int, u: np.ndarray) -> Heads:
+        return Heads(rng.normal(0, 0.02, (k, r, 2 * d)).astype(np.float32), np.zeros((k, r), np.float32), u,
+                     np.arange(n), out, {})
+
+    full = heads(d, np.tile(np.eye(d, dtype=np.float32), (k, 1, 1))).drafter()
+
+    def earlier() -> None:
+        for j in range(k):
+            with _one_thread():
+                out @ (h + silu(full.w[j] @ h + full.b[j] + full.table[j, 5]))
+
+    def now(drafter):  # type: ignore[no-untyped-def]
+        def step() -> None:
+            base = drafter.base(h)
+            for j in range(1, k + 1):
+                drafter.head(h, base, 5, j)
+        return step
+
+    print(f"{k} heads, d {d}, N {n}: ms a step, best of 5 x 200 steps")
+    print(f"  {'full block, as the earlier Drafter computed it:':50s}{best_ms(earlier):.2f}")
+    print(f"  {'full block read as U = I:':50s}{best_ms(now(full)):.2f}")
+    for r in (int(x) for x in args.ranks.split(",")):
+        drafter = heads(r, rng.normal(0, 0.02, (k, d, r)).astype(np.float32)).drafter()
+        print(f"  {f'r = {r}:':50s}{best_ms(now(drafter)):.2f}")
+
+
+if __name__ == "__main__":
+    main()
