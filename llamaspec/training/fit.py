@@ -19,8 +19,8 @@ U_k starts at zero (each head then guesses as the target's own output matrix doe
 random (N(0, 1 / 2d): a's units start apart), c_k at zero; Adam moves them, its step size
 falling linearly to 0 by the training's end (its last step or its deadline, whichever comes
 first). The file keeps V_k and c_k folded back onto [h; e]: V_k / sd and c_k - (V_k / sd) mu,
-so that using the heads needs neither mu nor sd. Rows whose token k places
-ahead is outside the map are not trained on (and count as misses in the held-out agreement).
+so that using the heads needs neither mu nor sd. Rows whose token k places ahead is outside the
+map are not trained on (and count as misses in the held-out agreement).
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ PRIOR_WEIGHT = 5.0  # the calibration's: rows of a decile's own value, d / 10, b
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """``heads``: K; ``rank``: r, the blocks' inner units (at most the target's d); ``n_tokens``: the map's size (0: the fewest covering COVERAGE of the target's
-    tokens on the training text, between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
+    """``heads``: K; ``rank``: r, the blocks' inner units (at most the target's d); ``n_tokens``:
+    the map's size (0: the fewest covering COVERAGE of the target's tokens on the training text,
+    between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
     training rows; ``batch`` rows a step; ``lr`` Adam's first step size (it falls to 0 by the
     end); ``seed``; ``held_out``: the share of the pieces of text kept aside to measure the
     heads on; ``soft``: learn the target's distribution (its TOP tokens), else its choice alone."""
@@ -197,9 +198,9 @@ def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def folded(w: np.ndarray, b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Blocks' first layers (K, r, 2d), (K, r) trained on (x - mu) / sd as on x: W / sd, rounded as the
-    file keeps it (float16, held within its range where a column barely varies), and b - (W /
-    sd) mu with that rounding, so the two cancel on mu exactly."""
+    """Blocks' first layers (K, r, 2d), (K, r) trained on (x - mu) / sd as layers on x: W / sd,
+    rounded as the file keeps it (float16, held within its range where a column barely varies),
+    and b - (W / sd) mu with that rounding, so the two cancel on mu exactly."""
     big = float(np.finfo(np.float16).max)
     w_x = np.clip(w / sd, -big, big).astype(np.float16).astype(np.float32)
     return w_x, b - w_x @ mu

@@ -28,8 +28,8 @@ class Defaults:
     out first: the 1.5B read its 114,688 (up to 54,000 of them answers, at about 80 rows/s; code
     and documentation at 143) in 17 min 48 s of its 19 and trained its 6 epochs in 9 min 11 s
     (27 min 5 s in all; Medusa's full blocks, where the blocks through r = 512 train in about
-    two thirds of the time); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in about
-    3.5 of its 3.8 minutes (4 min 35 s in all). With one thread SmolLM2 read 28,798 rows and took
+    two thirds of the time); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in
+    about 3.5 of its 3.8 minutes (4 min 35 s in all). With one thread SmolLM2 read 28,798 rows and took
     4 min 22 s."""
 
     tokens: int
