@@ -150,10 +150,9 @@ class Heads:
         """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
         B of each (B, d)."""
         x = np.concatenate([h, e], axis=-1)
-        k, r = self.b.shape
         a = np.matmul(x.reshape(-1, x.shape[-1]), self.w.transpose(0, 2, 1)) + self.b[:, None, :]  # (K, B, r)
         z = h.reshape(1, -1, h.shape[-1]) + np.matmul(silu(a), self.u.transpose(0, 2, 1))  # (K, B, d)
-        return z.reshape((k,) + h.shape)
+        return z.reshape((self.k,) + h.shape)
 
     def logits(self, h: np.ndarray, pending: int) -> np.ndarray:
         """Each head's logits over the map (K, N) for one hidden state h (d,) and the token it
