@@ -426,7 +426,7 @@ class Engine:
                 hidden: Optional[np.ndarray]) -> Step:
         """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
         from the target's greedy tokens at its rows, when it rode; the hidden state of the row
-        the target's own token came from, when the decode output them)."""
+        the target's own token came from and its logits, when the decode output hidden states)."""
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
@@ -446,8 +446,9 @@ class Engine:
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
         outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan)
-        if hidden is not None:  # a copy: the decode's buffer is reused by the next one
-            outcome = replace(outcome, hidden=np.array(hidden[path[-1] if path else 0]))
+        if hidden is not None:  # copies: the decode's buffers are reused by the next one
+            last = path[-1] if path else 0
+            outcome = replace(outcome, hidden=np.array(hidden[last]), logits=np.array(logits[last]))
         ln.speculator.learn(outcome)
         return replace(step, logprobs=logprobs, halt=halt)
 

@@ -72,7 +72,8 @@ def speculator(curve: CostCurve, sources: Sequence[str] = ("lookup", "lookahead"
 
 def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
            max_rows: int = 512, max_leaves: int = MAX_LEAVES, perfect: bool = False,
-           ask_cost: float = 0.0, hidden: Optional[np.ndarray] = None, timed: bool = False) -> ReplayStats:
+           ask_cost: float = 0.0, hidden: Optional[np.ndarray] = None, logits: Optional[np.ndarray] = None,
+           timed: bool = False) -> ReplayStats:
     """Run ``speculator`` over ``answer`` as if the target had generated it greedily after
     ``prompt``; charge each step the planner's cost of verifying its batch, and each step that
     asked the sources ``ask_cost`` more (llamaspec's own time for asking and planning, in
@@ -84,7 +85,8 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     estimates could win, and what the candidates and the per-step planning leave.
 
     ``hidden[j]``: the target's hidden state at the row that chose ``answer[j]`` (recorded with
-    the answer: training.data.answer), for the sources that read them (draft heads).
+    the answer: training.data.answer), for the sources that read them (draft heads), and
+    ``logits[j]`` that row's logits, where given.
 
     ``timed``: charge each step, in place of ``ask_cost``, the time its planning took here (the
     speculator's curve must have its milliseconds): what this host's own time would add to the
@@ -115,7 +117,8 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
         speculator.learn(Outcome(tokens=tokens, candidates=plan.candidates, verified=plan.lengths,
                                  emitted=tuple(emitted), path_sources=path_sources, cost=plan.choice.cost, estimated=plan.choice.estimated,
                                  seconds=ask_seconds if plan.asked else 0.0,
-                                 hidden=hidden[pos - 1] if hidden is not None else None))
+                                 hidden=hidden[pos - 1] if hidden is not None else None,
+                                 logits=logits[pos - 1] if logits is not None else None))
         stats.n_tokens += len(emitted)
         stats.n_steps += 1
         stats.n_asked += plan.asked

@@ -122,7 +122,8 @@ class Outcome:
     acceptance model expected accepted among those verified, ``seconds`` the wall time asking
     the sources and planning took (a draft model's drafting aside; 0: not measured),
     ``hidden`` the target's last hidden state at the row it chose its own token from (the
-    emitted's last), where its decodes output hidden states (a source's plugin asks for them).
+    emitted's last), where its decodes output hidden states (a source's plugin asks for them),
+    and ``logits`` that row's raw logits (n_vocab,), beside it.
     """
 
     tokens: Sequence[int]
@@ -135,6 +136,7 @@ class Outcome:
     estimated: float = 0.0
     seconds: float = 0.0
     hidden: Optional[np.ndarray] = None
+    logits: Optional[np.ndarray] = None
 
     @property
     def n_accepted(self) -> int:

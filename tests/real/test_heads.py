@@ -107,6 +107,18 @@ def test_the_hidden_state_times_the_output_matrix_is_the_logits(model_file):
         model.close()
 
 
+def test_the_heads_take_e_n_h_from_the_logits_of_the_row_of_their_hidden_state(make_spec, smol_heads):
+    """The engine gives the heads, beside the hidden state of the row the target's own token
+    came from, that row's logits: on the map they are E_N h (llama.cpp's, from the quantized
+    matrix), so the heads spare that product."""
+    spec = make_spec(SMOL, spec="heads", fixed=("heads",), heads=str(smol_heads))
+    spec.generate(chatml("Write a sentence about rain."), max_tokens=12, temperature=0)
+    (source,) = spec.engine.lanes[0].speculator.sources
+    _, h, base = source.at
+    assert source.logits_are_base is True and base is not None
+    assert np.corrcoef(base, source.heads.base(h))[0, 1] > 0.999
+
+
 def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
     other = smol_quant("Q2_K")
     with pytest.raises(HeadsError, match="trained for .* not smol.Q2_K.gguf") as e:

@@ -322,6 +322,39 @@ class Counting:
         return self.drafter.head(h, base, pending, k)
 
 
+class CountingBase(Counting):
+    """A drafter that counts its E_N h products too."""
+
+    def base(self, h):
+        self.computed.append("base")
+        return self.drafter.base(h)
+
+
+@pytest.mark.parametrize("scale, spared", [(1.0, True), (1.003, True), (1.5, False)])
+def test_the_source_takes_e_n_h_from_the_target_s_logits_where_they_are_that(scale, spared):
+    """The target's logits on the map are E_N h (llama.cpp's from the quantized matrix, a little
+    apart): the heads then spare that product every step but the first (where it is checked);
+    a model whose logits are not (here scaled) gets it computed every step. The proposals are
+    those of the hidden state alone either way."""
+    heads = CountingBase(fake_heads().drafter())
+    source = HeadsSource(heads, max_nodes=8)  # type: ignore[arg-type]
+    alone = HeadsSource(fake_heads().drafter(), max_nodes=8)
+    rng = np.random.default_rng(1)
+    for step in range(3):
+        h = rng.normal(0, 1, D).astype(np.float32)
+        logits = rng.normal(0, 1, V).astype(np.float32)
+        logits[heads.tokens] = scale * (heads.out @ h)
+        tokens = [1, 2, 3 + step]
+        source.learn(Outcome(tokens=tokens, candidates=(), verified=(), emitted=(3,), hidden=h, logits=logits))
+        alone.learn(Outcome(tokens=tokens, candidates=(), verified=(), emitted=(3,), hidden=h))
+        heads.computed.clear()
+        got, want = (s.propose(tokens, budget(), SamplingConfig(), np.random.default_rng(0)).candidates
+                     for s in (source, alone))
+        assert got and [c.tokens for c in got] == [c.tokens for c in want]
+        assert ("base" in heads.computed) == (not spared) and heads.computed.count(1) == 1
+    assert source.logits_are_base is spared
+
+
 def test_a_deeper_head_is_computed_only_where_its_tokens_could_be_worth_a_row():
     """A head's products are spared once the best path so far is estimated under the budget's
     stop_below (a token deeper is estimated lower still): its priors here are 0.1 a decile of
