@@ -1,6 +1,7 @@
 """The heads' time a step on this machine, for heads of a target's shape with random weights:
 E_N h and K heads' products as ``Drafter`` computes them, through r inner units, beside
-Medusa's full block as the earlier Drafter computed it (its own N x d product a head).
+Medusa's full block as the earlier Drafter computed it (its own N x d product a head); and at
+each r, E_N h taken from the target's logits as a run takes it (the source's own step).
 
     python scripts/heads_time.py --d 1536 --n 2663 --ranks 512,256
 """
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2663, help="tokens of the map")
     ap.add_argument("--k", type=int, default=3, help="heads")
     ap.add_argument("--ranks", default="512,256")
+    ap.add_argument("--vocab", type=int, default=151936, help="the target's vocabulary (the 1.5B's)")
     args = ap.parse_args()
     d, n, k = args.d, args.n, args.k
     rng = np.random.default_rng(0)
@@ -42,7 +44,7 @@ def main() -> None:
 
     def heads(r: int, u: np.ndarray) -> Heads:
         return Heads(rng.normal(0, 0.02, (k, r, 2 * d)).astype(np.float32), np.zeros((k, r), np.float32), u,
-                     np.arange(n), out, {})
+                     np.arange(n) * (args.vocab // n), out, {})
 
     full = heads(d, np.tile(np.eye(d, dtype=np.float32), (k, 1, 1))).drafter()
 
@@ -51,9 +53,11 @@ def main() -> None:
             with _one_thread():
                 out @ (h + silu(full.w[j] @ h + full.b[j] + full.table[j, 5]))
 
-    def now(drafter):  # type: ignore[no-untyped-def]
+    logits = rng.normal(0, 1, args.vocab).astype(np.float32)
+
+    def now(drafter, from_logits=False):  # type: ignore[no-untyped-def]
         def step() -> None:
-            base = drafter.base(h)
+            base = logits[drafter.tokens] if from_logits else drafter.base(h)
             for j in range(1, k + 1):
                 drafter.head(h, base, 5, j)
         return step
@@ -64,6 +68,7 @@ def main() -> None:
     for r in (int(x) for x in args.ranks.split(",")):
         drafter = heads(r, rng.normal(0, 0.02, (k, d, r)).astype(np.float32)).drafter()
         print(f"  {f'r = {r}:':50s}{best_ms(now(drafter)):.2f}")
+        print(f"  {f'r = {r}, E_N h from the logits:':50s}{best_ms(now(drafter, True)):.2f}")
 
 
 if __name__ == "__main__":

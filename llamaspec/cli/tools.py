@@ -30,7 +30,7 @@ from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
 from ..training import TrainConfig, train_heads
-from ..training.run import LARGE, SMALL, SMALL_TARGET
+from ..training.run import LARGE, READ_SHARE, SMALL, SMALL_TARGET
 from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
                       split_names, write_text, _placement)
 
@@ -219,9 +219,9 @@ def heads_group() -> None:
                    "make 95% of the target's tokens on the text, 1024 to 8192].")
 @click.option("--epochs", type=float, default=TrainConfig.epochs, show_default=True)
 @click.option("--minutes", type=float, default=None,
-              help=f"The most minutes reading and training take: the reading stops at {LARGE.read_share:.0%} of them "
-                   f"({SMALL_TARGET.read_share:.0%} for a target under {SMALL // 10**9}B parameters), the training at "
-                   f"their end [default: {LARGE.minutes:g}; {SMALL_TARGET.minutes:g} under {SMALL // 10**9}B].")
+              help=f"The most minutes reading and training take: the reading stops at {READ_SHARE:.0%} of them, "
+                   f"the training at their end [default: {LARGE.minutes:g}; {SMALL_TARGET.minutes:g} under "
+                   f"{SMALL // 10**9}B parameters].")
 @click.option("--seed", type=int, default=TrainConfig.seed, show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Heads file to write [default: CACHE/heads/MODEL_FILE.heads.npz, where generate, chat, serve and "

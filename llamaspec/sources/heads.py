@@ -301,21 +301,22 @@ class HeadsSource(Source):
     def __init__(self, heads: Drafter, max_nodes: int) -> None:
         self.heads, self.max_nodes = heads, max_nodes
         self.max_len = heads.k
-        # (text length, its hidden state h, E_N h when the target's logits gave it)
+        # (text length, its hidden state h, the target's logits at h's row, where the decode gave them)
         self.at: Tuple[int, Optional[np.ndarray], Optional[np.ndarray]] = (-1, None, None)
         self.logits_are_base: Optional[bool] = None  # the target's logits on the map are E_N h: seen once
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        n, h, base = self.at
+        n, h, logits = self.at
         if h is None or n != len(tokens):
             return Proposal()
+        base = None  # E_N h, once the first head is asked
         guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS
         best = 1.0  # the estimate of the tree's best path so far: no token deeper is estimated higher
         for k in range(1, min(self.heads.k, budget.max_len) + 1):
             if best < budget.stop_below:  # no deeper token is worth a row: its head's products are spared
                 break
-            base = self.heads.base(h) if base is None else base  # E_N h, once the first head is asked
+            base = self._base(h, logits) if base is None else base
             row = self.heads.head(h, base, tokens[-1], k)
             top = np.argpartition(row, -RANKS)[-RANKS:]
             p = np.exp(row[top] - row.max())
@@ -331,15 +332,17 @@ class HeadsSource(Source):
                               for path in paths[:budget.max_candidates]))
 
     def learn(self, outcome: Outcome) -> None:
-        """Keep the hidden state, and E_N h from the target's logits on the map, where they are
-        that (an N x d product a step spared)."""
-        h, base = outcome.hidden, None
-        if h is not None and outcome.logits is not None:
-            row = outcome.logits[self.heads.tokens]
-            if self.logits_are_base is None:
-                self.logits_are_base = self.heads.is_base(h, row)
-            base = row if self.logits_are_base else None
-        self.at = (len(outcome.tokens), h, base)
+        self.at = (len(outcome.tokens), outcome.hidden, outcome.logits)
+
+    def _base(self, h: np.ndarray, logits: Optional[np.ndarray]) -> np.ndarray:
+        """E_N h: the target's logits on the map where they are that (an N x d product spared),
+        checked the first time."""
+        if logits is None:
+            return self.heads.base(h)
+        row = logits[self.heads.tokens]
+        if self.logits_are_base is None:
+            self.logits_are_base = self.heads.is_base(h, row)
+        return row if self.logits_are_base else self.heads.base(h)
 
 
 def _priors() -> Dict[Guess, float]:

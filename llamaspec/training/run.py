@@ -23,21 +23,23 @@ class Defaults:
     """What a training reads and spends by default for a target of its size: ``tokens``, rows of
     the default text (answers to the default prompts first); ``minutes``, the most it takes from
     the target's loading to the file written, whatever the machine (30 and 5 minutes on 2 cores,
-    less a margin), of which the reading takes at most ``read_share`` and the training the rest.
-    A slower machine reads fewer rows and trains fewer steps. On 2 AMD EPYC cores the rows run
+    less a margin), of which the reading takes at most ``READ_SHARE`` and the training the rest.
+    A slower machine reads fewer rows and trains fewer steps. On 2 AMD EPYC cores the rows ran
     out first: the 1.5B read its 114,688 (up to 54,000 of them answers, at about 80 rows/s; code
-    and documentation at 143) in 17 min 48 s of its 19 and trained its 6 epochs in 9 min 11 s
-    (27 min 5 s in all; Medusa's full blocks, where the blocks through r = 512 train in about
-    two thirds of the time); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in
-    about 3.5 of its 3.8 minutes (4 min 35 s in all). With one thread SmolLM2 read 28,798 rows and took
-    4 min 22 s."""
+    and documentation at 143) in 17 min 48 s and trained its 6 epochs in 9 min 11 s (27 min 5 s
+    in all; Medusa's full blocks, where the blocks through r = 512 train in about two thirds of
+    the time); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in about 3.5 of its
+    3.8 minutes (4 min 35 s in all; with one thread 28,798 rows in 4 min 22 s). On 2 cores of an
+    AVX2-only AMD EPYC that reads about 4 times slower the time runs out first: the 1.5B read
+    24,765 rows in 26.4 minutes, whose 6 epochs through r = 512 took 201 s (0.008 s a row), so
+    the reading may take 80% of the time (at the 66% it had, 7 of the 29 minutes went unused)."""
 
     tokens: int
     minutes: float
-    read_share: float
 
 
-LARGE, SMALL_TARGET = Defaults(114688, 29.0, 0.66), Defaults(49152, 4.8, 0.8)
+LARGE, SMALL_TARGET = Defaults(114688, 29.0), Defaults(49152, 4.8)
+READ_SHARE = 0.8  # of the minutes, the most the reading takes
 SMALL = 1_000_000_000  # parameters: a target under this is a small one
 
 
@@ -79,7 +81,7 @@ def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: Trai
         size = defaults(target.n_params)
         tokens = tokens if tokens is not None else size.tokens
         seconds = 60 * (minutes if minutes is not None else size.minutes)
-        read_until = start + size.read_share * seconds
+        read_until = start + READ_SHARE * seconds
         pieces = file_texts(files) if files else default_texts(config.seed)
         group = GROUP if any(p.kind == "answer" for p in pieces) else 1  # a sequence per answer decoded together
         ctx = target.context(max(2048, group * (PROMPT_ROOM + answer_tokens)), threads or default_threads(), 512,
@@ -91,7 +93,7 @@ def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: Trai
         finally:
             ctx.close()
         if len(states) < 64:
-            when = f" in the {size.read_share:.0%} of {seconds / 60:g} minutes it may take" \
+            when = f" in the {READ_SHARE:.0%} of {seconds / 60:g} minutes it may take" \
                 if perf_counter() >= read_until else ""
             raise ConfigError(f"the training text gave {len(states)} tokens{when}; heads need at least 64")
         meta = {"format": FORMAT, "model": path.name, "sha256": models.sha256(path), "n_vocab": target.n_vocab,

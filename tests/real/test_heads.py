@@ -114,9 +114,9 @@ def test_the_heads_take_e_n_h_from_the_logits_of_the_row_of_their_hidden_state(m
     spec = make_spec(SMOL, spec="heads", fixed=("heads",), heads=str(smol_heads))
     spec.generate(chatml("Write a sentence about rain."), max_tokens=12, temperature=0)
     (source,) = spec.engine.lanes[0].speculator.sources
-    _, h, base = source.at
-    assert source.logits_are_base is True and base is not None
-    assert np.corrcoef(base, source.heads.base(h))[0, 1] > 0.999
+    _, h, logits = source.at
+    assert source.logits_are_base is True and logits is not None
+    assert np.corrcoef(logits[source.heads.tokens], source.heads.base(h))[0, 1] > 0.999
 
 
 def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):

@@ -551,11 +551,12 @@ def test_the_heads_time_script_times_each_block():
     import sys
     from pathlib import Path
     script = Path(__file__).resolve().parents[2] / "scripts" / "heads_time.py"
-    done = subprocess.run([sys.executable, str(script), "--d", "16", "--n", "32", "--ranks", "4,2"], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script), "--d", "16", "--n", "32", "--ranks", "4,2", "--vocab", "100"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("3 heads, d 16, N 32") and len(lines) == 5
+    assert lines[0].startswith("3 heads, d 16, N 32") and len(lines) == 7
     assert [line.split(":")[0].strip() for line in lines[1:]] == [
-        "full block, as the earlier Drafter computed it", "full block read as U = I", "r = 4", "r = 2"]
+        "full block, as the earlier Drafter computed it", "full block read as U = I", "r = 4",
+        "r = 4, E_N h from the logits", "r = 2", "r = 2, E_N h from the logits"]
     assert all(float(line.rsplit(":", 1)[1]) > 0 for line in lines[1:])
