@@ -220,7 +220,8 @@ class Heads:
 class Drafter:
     """The heads' logits for one hidden state at a time, as ``Heads.logits`` defines them, for less
     memory read (a head's products are bound by reading its weights). E_N z_k = E_N h + (E_N U_k)
-    SiLU(a_k): E_N h is the same for every head (``base``, an N x d product once a step), E_N U_k
+    SiLU(a_k): E_N h is the same for every head (``base``, an N x d product once a step; in a run
+    the target's own logits on the map, which its decode computed: ``HeadsSource``), E_N U_k
     is kept (``out_u``, N x r), and V_k [h; e] = V_k^h h + V_k^e e with V_k^e e read from ``table``
     (K, N, r), since e is a row of E_N or zero; both computed once when the heads load. A head
     then reads (N + d) x r floats: for the 1.5B (N 2,663, d 1,536) at r = 512, 2.1 M, where
@@ -249,9 +250,8 @@ class Drafter:
             return self.out @ h
 
     def is_base(self, h: np.ndarray, row: np.ndarray) -> bool:
-        """Whether ``row``, the target's logits on the map at hidden state h, are E_N h: within
-        5% (llama.cpp computes them from the quantized matrix: 1-2.5% apart on SmolLM2 and Gemma
-        3); a model that scales or caps its logits is further."""
+        """Whether ``row``, the target's logits on the map at hidden state h, are E_N h: apart by
+        at most 5% of E_N h's spread around its mean."""
         base = self.base(h)
         return bool(np.linalg.norm(row - base) <= 0.05 * np.linalg.norm(base - base.mean()))
 
@@ -293,7 +293,10 @@ def tree(guesses: Sequence[Sequence[Tuple[int, float]]], max_nodes: int, max_len
 
 class HeadsSource(Source):
     """The heads' tree after the pending token, from the hidden state of the row that chose it
-    (the last outcome's; nothing before the first step or after a text the engine changed)."""
+    (the last outcome's; nothing before the first step or after a text the engine changed). E_N
+    h is that row's logits on the map (llama.cpp's, from the quantized matrix: 1-2.5% apart from
+    the product on SmolLM2 and Gemma 3), checked the first time against the product: where a
+    model scales or caps its logits they are not, and the product is computed each step."""
 
     name = NAME
     own_gate = True  # its products cost time of their own: asked while what it brings repays them
