@@ -6,11 +6,12 @@ recorded in tests/data, with no GPU at hand.
 
 For each prompt of the bench suite named, the target's greedy answer is decoded here with its
 hidden states (plain decoding) and its logits (the prompt and the answer read again in one
-prefill: where the heads take E_N h from, as in a real run), then replayed (llamaspec.measure.replay) through each set of
-sources on the curve twice: first as if the host's own time cost nothing (the curve without its
-milliseconds: no gate weighs a source's time), then charged each step's planning time as it took
-here, in units of the curve's single decode (the gates weighing it as they would), since on a GPU
-that time counts as much as the decodes.
+prefill: where the heads take E_N h from, as in a real run), then replayed
+(llamaspec.measure.replay) through each set of sources on the curve twice: first as if the
+host's own time cost nothing (the curve without its milliseconds: no gate weighs a source's
+time), then charged each step's planning time as it took here, in units of the curve's single
+decode (the gates weighing it as they would), since on a GPU that time counts as much as the
+decodes.
 """
 
 from __future__ import annotations

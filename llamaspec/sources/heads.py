@@ -295,8 +295,8 @@ class HeadsSource(Source):
     """The heads' tree after the pending token, from the hidden state of the row that chose it
     (the last outcome's; nothing before the first step or after a text the engine changed). E_N
     h is that row's logits on the map (llama.cpp's, from the quantized matrix: 1-2.5% apart from
-    the product on SmolLM2 and Gemma 3), checked the first time against the product: where a
-    model scales or caps its logits they are not, and the product is computed each step."""
+    the product on the 1.5B, SmolLM2 and Gemma 3), checked the first time against the product:
+    where a model scales or caps its logits they are not, and the product is computed each step."""
 
     name = NAME
     own_gate = True  # its products cost time of their own: asked while what it brings repays them
