@@ -37,9 +37,8 @@ not be worth its row)::
 The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` V (K, r, 2d) float16,
 ``b`` c (K, r), ``u`` U (K, d, r) float16, ``tokens`` (N,) the map, ``out`` E_N (N, d) float16
 (dequantized from the model's GGUF file when the heads were trained: loading reads no GGUF),
-``meta`` (JSON: the format, the
-model's file name and sha256, n_vocab, n_embd, the training run's settings and each head's
-held-out top-1 and top-5).
+``meta`` (JSON: the format, the model's file name and sha256, n_vocab, n_embd, the training
+run's settings and each head's held-out top-1 and top-5).
 """
 
 from __future__ import annotations
