@@ -199,7 +199,7 @@ COMPARE_OPTIONS = (*MODELS, *(k for k in SETTINGS if k.startswith("draft_")), *P
 
 @click.group("heads")
 def heads_group() -> None:
-    """Draft heads: small heads on the target's last hidden state that guess the next tokens."""
+    """Draft heads: a small block on the target's last hidden state that guesses the next tokens."""
 
 
 @heads_group.command("train")
@@ -208,9 +208,10 @@ def heads_group() -> None:
               help="Training text (repeatable) [default: the target's answers to a set of prompts, then Python's "
                    "standard library and installed packages' descriptions].")
 @click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
-              help="Heads: head k guesses the token k places after the next one.")
+              help="Heads: the block's steps; head k guesses the token k places after the next one, "
+                   "reading the tokens before it.")
 @click.option("--rank", type=int, default=TrainConfig.rank, show_default=True,
-              help="Each head's inner units: its block goes from the hidden state through this many and back.")
+              help="The block's inner units: it goes from the hidden state through this many and back.")
 @click.option("--tokens", type=int, default=None,
               help=f"Tokens of training text to read [default: {LARGE.tokens:,}; {SMALL_TARGET.tokens:,} for a "
                    f"target under {SMALL // 10**9}B parameters].")

@@ -1,44 +1,45 @@
-"""Draft heads trained on this machine from the target's own hidden states: Medusa-1's residual
-blocks, each also reading the pending token (as Hydra's heads read the tokens before theirs).
+"""Draft heads trained on this machine from the target's own hidden states: one residual block,
+as Medusa-1's heads are, applied again and again along the tokens it guesses, as EAGLE's draft
+model is (each step reading the token before it, as Hydra's heads do).
 
 The target's last hidden state h (llama.cpp's normalised output of the last layer, read in the
 same decode as the logits) at the row that chose the pending token x[t+1] is what its output
-matrix E turns into logits: ``logits = E h``. Head k (k = 1 .. K) guesses the token k places
-after the pending one, x[t+1+k], from h and a vector e standing for x[t+1]::
+matrix E turns into logits: ``logits = E h``. The block stands for the target's next row: from
+a hidden state z and a vector e for the token read there, the hidden state of the row after::
 
-    a_k = V_k [h; e] + c_k               the block's r inner units (V_k (r, 2d), c_k (r,) trained)
-    z_k = h + U_k SiLU(a_k)              back to d (U_k (d, r) trained; zero: z_k = h)
-    p_k = softmax(E_N z_k)               E_N: E's rows for the N tokens of the map (frozen)
+    z_0 = h,  e_1 = e(x[t+1])            the row that chose the pending token, and that token
+    a_k = V [z_(k-1); e_k] + c            the block's r inner units (V (r, 2d), c (r,) trained)
+    z_k = z_(k-1) + U SiLU(a_k)           back to d (U (d, r) trained; zero: z_k = z_(k-1))
+    p_k = softmax(E_N z_k)                head k's guess at x[t+1+k]; e_(k+1) = e(its best token)
 
-a residual block as Medusa-1's, through r < d inner units (a bottleneck, as adapters have): its
-logits are E_N h, the same for every head, plus (E_N U_k) SiLU(a_k), an N x r product, where
-Medusa's full block takes a d x d and an N x d product a head (``Drafter``). A file of the
-earlier format (llamaspec-heads-2: z_k = h + SiLU(W_k [h; e] + b_k)) is this with U_k = I.
+E_N: E's rows for the N tokens of the map (frozen). Head k is the block's k-th step (k = 1 ..
+K): one set of weights for every head, trained through K steps at once (the tokens read being
+the text's), so that a deeper head reads what the one before it guessed. Its logits are E_N h,
+the target's own logits on the map, plus the steps' (E_N U) SiLU(a_j): N x r products
+(``Drafter``). e is a token's row of E_N (zero for a token off the map). The N tokens are the
+most frequent among the target's own choices on the training text (FR-Spec's idea); a token
+outside them is never guessed.
 
-e is the pending token's row of E_N (zero for a token off the map): h alone does not say which
-token the target chose from it where it hesitated, e does (docs/design.md: what it adds). The N
-tokens are the most frequent among the target's own choices on the training text (FR-Spec's
-idea); a token outside them is never guessed.
-
-Candidates form a sparse tree (Medusa's): every head's best ``RANKS`` tokens, combined along
-paths, keeping the paths with the most expected accepted tokens. A head's probability for a
-token is taken for what it was worth on held-out text (the file's calibration: a head trained on
-a few ten thousand tokens is sure too often), and the acceptance model learns, per head and
-decile of that, how often a head's token is accepted when the tokens before it were (evidence
-``Guess(head, decile)``). Head k+1 is computed only while the tree's best path through head k
-is estimated at least the budget's ``stop_below`` (a deeper token is estimated lower: it would
-not be worth its row)::
+Candidates form a sparse tree along the heads' best path: each head's best ``RANKS`` tokens after
+the best tokens of the heads before it (a deeper head reads its predecessor's token, so it is
+computed after that one only), keeping the nodes with the most expected accepted tokens. A
+head's probability for a token is taken for what it was worth on held-out text (the file's
+calibration: a head trained on a few ten thousand tokens is sure too often), and the acceptance
+model learns, per head and decile of that, how often a head's token is accepted when the tokens
+before it were (evidence ``Guess(head, decile)``). Head k+1 is computed only while the best path
+through head k is estimated at least the budget's ``stop_below`` (a deeper token is estimated
+lower: it would not be worth its row)::
 
     pending x[t+1]
-      ├─ a  (head 1, best) ──┬─ c (head 2, best) ── f (head 3, best)
-      │                      └─ d (head 2, second)
-      └─ b  (head 1, second) ── c (head 2, best)
+      ├─ a  (head 1, best) ──┬─ c (head 2, best after a) ──┬─ f (head 3, best after a c)
+      │                      └─ d (head 2, second)          └─ g (head 3, second)
+      └─ b  (head 1, second)
 
-The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` V (K, r, 2d) float16,
-``b`` c (K, r), ``u`` U (K, d, r) float16, ``tokens`` (N,) the map, ``out`` E_N (N, d) float16
+The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` V (r, 2d) float16, ``b``
+c (r,), ``u`` U (d, r) float16, ``tokens`` (N,) the map, ``out`` E_N (N, d) float16
 (dequantized from the model's GGUF file when the heads were trained: loading reads no GGUF),
-``meta`` (JSON: the format, the model's file name and sha256, n_vocab, n_embd, the training
-run's settings and each head's held-out top-1 and top-5).
+``calibration`` (K, 11), ``meta`` (JSON: the format, the model's file name and sha256, n_vocab,
+n_embd, the training run's settings and each head's held-out top-1 and top-5).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,8 +62,7 @@ from .base import Budget, Candidate, Outcome, Proposal, Source
 from .registry import Option, Plugin, Resources
 
 NAME = "heads"
-FORMAT = "llamaspec-heads-3"
-FORMATS = ("llamaspec-heads-2", FORMAT)  # read; 2: without U (U = I), 1 (heads on h alone): not read
+FORMAT = "llamaspec-heads-4"  # read alone: 1 to 3 were independent heads (train them again)
 MAX_HEADS = 8
 RANKS = 4  # a head's best tokens that candidates may take
 SUFFIX = ".heads.npz"
@@ -118,16 +118,18 @@ def map_index(tokens: np.ndarray, y: Any) -> Tuple[Any, Any]:
 
 @dataclass(eq=False)
 class Heads:
-    """K heads over a map of N tokens: ``w`` V (K, r, 2d) acting on [h; e], ``b`` c (K, r), ``u``
-    U (K, d, r), ``tokens`` (N,) vocabulary ids in order, ``out`` E_N (N, d), ``meta`` the file's
-    record, ``calibration`` (K, 11): how often head k's token was the target's on held-out text
-    where the head gave it a probability of about d / 10 (None: d / 10 itself)."""
+    """K heads over a map of N tokens: one block, ``w`` V (r, 2d) acting on [z; e], ``b`` c (r,),
+    ``u`` U (d, r), applied K times (``k``); ``tokens`` (N,) vocabulary ids in order, ``out`` E_N
+    (N, d), ``meta`` the file's record, ``calibration`` (K, 11): how often head k's token was the
+    target's on held-out text (the tokens before it the text's) where the head gave it a
+    probability of about d / 10 (None: d / 10 itself)."""
 
     w: np.ndarray
     b: np.ndarray
     u: np.ndarray
     tokens: np.ndarray
     out: np.ndarray
+    k: int
     meta: Dict[str, Any]
     calibration: Optional[np.ndarray] = None
 
@@ -135,37 +137,33 @@ class Heads:
         if self.calibration is None:
             self.calibration = np.tile(np.arange(11) / 10, (self.k, 1))
 
-    @property
-    def k(self) -> int:
-        return self.w.shape[0]
-
     def pending(self, y: Any) -> np.ndarray:
-        """e for pending token(s) ``y``: its row of E_N, zero for a token off the map; (d,) for one
+        """e for token(s) ``y``: its row of E_N, zero for a token off the map; (d,) for one
         token, (B, d) for B."""
         i, on_map = map_index(self.tokens, np.asarray(y))
         return np.where(on_map[..., None], self.out[i], np.float32(0))
 
-    def hidden(self, h: np.ndarray, e: np.ndarray) -> np.ndarray:
-        """z (K, d) for one hidden state h (d,) and its pending token's e (d,), or (K, B, d) for
-        B of each (B, d)."""
-        x = np.concatenate([h, e], axis=-1)
-        a = np.matmul(x.reshape(-1, x.shape[-1]), self.w.transpose(0, 2, 1)) + self.b[:, None, :]  # (K, B, r)
-        z = h.reshape(1, -1, h.shape[-1]) + np.matmul(silu(a), self.u.transpose(0, 2, 1))  # (K, B, d)
-        return z.reshape((self.k,) + h.shape)
+    def step(self, z: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """The block's step: z + U SiLU(V [z; e] + c), for one z (d,) and e (d,) or B of each (B, d)."""
+        return z + silu(np.concatenate([z, e], axis=-1) @ self.w.T + self.b) @ self.u.T
 
-    def logits(self, h: np.ndarray, pending: int) -> np.ndarray:
-        """Each head's logits over the map (K, N) for one hidden state h (d,) and the token it
-        chose, ``pending`` (the definition; a ``Drafter`` computes them faster)."""
-        return self.hidden(h, self.pending(pending)) @ self.out.T
+    def logits(self, h: np.ndarray, read: Sequence[int]) -> np.ndarray:
+        """Heads 1 .. len(``read``)'s logits over the map (len(read), N) for one hidden state h
+        (d,) and the tokens read after it: the pending token, then the token each head before
+        the last is taken to have guessed (the definition; a ``Drafter`` computes them faster)."""
+        z, rows = h, []
+        for token in read:
+            z = self.step(z, self.pending(token))
+            rows.append(z @ self.out.T)
+        return np.stack(rows)
 
     def drafter(self) -> "Drafter":
         """These heads, frozen, for one hidden state at a time."""
         _blas()  # numpy's BLAS found now (25-220 ms), not at the first step the heads are asked
         d = self.out.shape[1]
-        table = np.stack([self.out @ w[:, d:].T for w in self.w])  # (K, N, r): V_k^e e for each e of E_N
-        out_u = np.stack([self.out @ u for u in self.u])  # (K, N, r): E_N U_k
-        return Drafter(np.ascontiguousarray(self.w[:, :, :d]), self.b, table, out_u, self.tokens, self.out,
-                       np.asarray(self.calibration))
+        w_z = np.ascontiguousarray(self.w[:, :d])
+        return Drafter(w_z, self.b, self.out @ self.w[:, d:].T, self.out @ self.u, w_z @ self.u, self.tokens,
+                       self.out, np.asarray(self.calibration))
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".part")
@@ -183,14 +181,13 @@ class Heads:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 made = meta.get("format") if isinstance(meta, dict) else None
-                if made not in FORMATS:
+                if made != FORMAT:
                     raise HeadsError(f"{path} is {f'a {made} file' if made else 'not a heads file'}, not {FORMAT}; "
                                      f"train it again with `llamaspec heads train`")
-                w, b = z["w"].astype(np.float32), z["b"].astype(np.float32)
-                u = z["u"].astype(np.float32) if made == FORMAT else np.tile(np.eye(len(b[0]), dtype=np.float32),
-                                                                            (len(b), 1, 1))
-                heads = Heads(w, b, u, z["tokens"].astype(np.int64), z["out"].astype(np.float32), meta,
-                              z["calibration"].astype(np.float64))
+                calibration = z["calibration"].astype(np.float64)
+                heads = Heads(z["w"].astype(np.float32), z["b"].astype(np.float32), z["u"].astype(np.float32),
+                              z["tokens"].astype(np.int64), z["out"].astype(np.float32), len(calibration), meta,
+                              calibration)
         except HeadsError:
             raise
         except FileNotFoundError:
@@ -198,10 +195,10 @@ class Heads:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
             raise HeadsError(f"{path} is not a heads file or is cut short ({type(e).__name__}: {e}); "
                              f"train it again with `llamaspec heads train`") from None
-        k, r = heads.b.shape
+        r, = heads.b.shape
         n, d = heads.out.shape
-        if heads.w.shape != (k, r, 2 * d) or heads.u.shape != (k, d, r) or heads.tokens.shape != (n,) or n == 0 \
-                or heads.calibration.shape != (k, 11) or not 1 <= k <= MAX_HEADS:
+        if heads.w.shape != (r, 2 * d) or heads.u.shape != (d, r) or heads.tokens.shape != (n,) or n == 0 \
+                or heads.calibration.shape != (heads.k, 11) or not 1 <= heads.k <= MAX_HEADS:
             raise HeadsError(f"{path} holds heads of inconsistent shapes")
         return heads
 
@@ -215,33 +212,41 @@ class Heads:
             raise HeadsError(f"{where} does not fit {model_path.name}'s vocabulary")
 
 
+class At(NamedTuple):
+    """Where the block's steps stand, as a ``Drafter`` keeps it: V^z z (r,) and E_N z (N,), the
+    two products of z that the next step and the logits need (z itself is never formed)."""
+
+    v_z: np.ndarray
+    logits: np.ndarray
+
+
 @dataclass(frozen=True, eq=False)
 class Drafter:
     """The heads' logits for one hidden state at a time, as ``Heads.logits`` defines them, for less
-    memory read (a head's products are bound by reading its weights). E_N z_k = E_N h + (E_N U_k)
-    SiLU(a_k): E_N h is the same for every head (``base``, an N x d product once a step; in a run
-    the target's own logits on the map, which its decode computed: ``HeadsSource``), E_N U_k
-    is kept (``out_u``, N x r), and V_k [h; e] = V_k^h h + V_k^e e with V_k^e e read from ``table``
-    (K, N, r), since e is a row of E_N or zero; both computed once when the heads load. A head
-    then reads (N + d) x r floats: for the 1.5B (N 2,663, d 1,536) at r = 512, 2.1 M, where
-    Medusa's full block read 6.5 M. The 1.5B's three heads and E_N h on one core of a 2-core
-    AMD EPYC (AVX2): 3.58 ms a step, where the full block took 5.55 (6.53 read from a file of
-    the earlier format: U = I and E_N h apart cost one N x d product more).
+    memory read (a step's products are bound by reading its weights). With V = [V^z V^e]:
 
-    On one thread: OpenBLAS's other threads would spin on, taking the cores from llama.cpp's next
-    decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
+        a_k = V^z z_(k-1) + V^e e_k + c      V^e e_k: a row of ``table`` (N, r), e being a row of E_N
+        V^z z_k = V^z z_(k-1) + (V^z U) g_k  g_k = SiLU(a_k); V^z U: ``w_u`` (r, r)
+        E_N z_k = E_N z_(k-1) + (E_N U) g_k  E_N U: ``out_u`` (N, r)
 
-    w: np.ndarray  # (K, r, d): V_k^h
-    b: np.ndarray  # (K, r): c_k
-    table: np.ndarray  # (K, N, r): V_k^e E_N[n]
-    out_u: np.ndarray  # (K, N, r): E_N U_k
+    from V^z h (an r x d product) and E_N h (``base``; in a run the target's own logits on the
+    map, which its decode computed: ``HeadsSource``), all computed once when the heads load. A
+    head then reads (N + r) x r floats, the same weights for every head (the second and third
+    find them in the cache). On one thread: OpenBLAS's other threads would spin on, taking the
+    cores from llama.cpp's next decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
+
+    w: np.ndarray  # (r, d): V^z
+    b: np.ndarray  # (r,): c
+    table: np.ndarray  # (N, r): V^e E_N[n]
+    out_u: np.ndarray  # (N, r): E_N U
+    w_u: np.ndarray  # (r, r): V^z U
     tokens: np.ndarray  # (N,)
     out: np.ndarray  # (N, d): E_N
     calibration: np.ndarray  # (K, 11): as Heads.calibration
 
     @property
     def k(self) -> int:
-        return self.w.shape[0]
+        return len(self.calibration)
 
     def base(self, h: np.ndarray) -> np.ndarray:
         """E_N h (N,): what every head's logits start from, for hidden state h (d,)."""
@@ -254,13 +259,18 @@ class Drafter:
         base = self.base(h)
         return bool(np.linalg.norm(row - base) <= 0.05 * np.linalg.norm(base - base.mean()))
 
-    def head(self, h: np.ndarray, base: np.ndarray, pending: int, k: int) -> np.ndarray:
-        """Head k's logits over the map (N,) for hidden state h (d,), its ``base`` and ``pending``
-        (k = 1 .. K)."""
-        i, on_map = map_index(self.tokens, pending)
+    def start(self, h: np.ndarray, base: np.ndarray) -> At:
+        """Before the first head: z_0 = h, whose E_N h is ``base``."""
         with _one_thread():
-            a = self.w[k - 1] @ h + self.b[k - 1] + (self.table[k - 1, i] if on_map else 0.0)
-            return base + self.out_u[k - 1] @ silu(a)
+            return At(self.w @ h, base)
+
+    def head(self, at: At, token: int) -> At:
+        """The next head, reading ``token`` (the pending one, then the one guessed before it):
+        its logits over the map are the result's ``logits``."""
+        i, on_map = map_index(self.tokens, token)
+        with _one_thread():
+            g = silu(at.v_z + self.b + (self.table[i] if on_map else 0.0))
+            return At(at.v_z + self.w_u @ g, at.logits + self.out_u @ g)
 
 
 def cached_path(model_path: Path, cache: Path) -> Path:
@@ -270,9 +280,10 @@ def cached_path(model_path: Path, cache: Path) -> Path:
 
 
 def tree(guesses: Sequence[Sequence[Tuple[int, float]]], max_nodes: int, max_len: int) -> List[List[int]]:
-    """Medusa's sparse tree: the paths of ranks (r_1, .., r_j) (r_i: the rank of head i's token)
-    with the highest value, ``guesses[i][r]`` = (token, its estimated acceptance) of head i+1's
-    rank r; a path's value is the product of its estimates. Returns the tree's leaves as rank
+    """The heads' sparse tree along their best path: the paths of ranks (0, .., 0, r) (r: the rank
+    of the last head's token; a head's guesses follow the best tokens before it) with the
+    highest value, ``guesses[i][r]`` = (token, its estimated acceptance) of head i+1's rank r, best
+    first; a path's value is the product of its estimates. Returns the tree's leaves as rank
     paths, best first (each path's prefixes are in the tree: its value is at least theirs)."""
     depth = min(len(guesses), max_len)
     if depth == 0 or max_nodes <= 0:
@@ -283,7 +294,7 @@ def tree(guesses: Sequence[Sequence[Tuple[int, float]]], max_nodes: int, max_len
     while heap and len(chosen) < max_nodes:
         value, path = heapq.heappop(heap)
         chosen.append(path)
-        if len(path) < depth:
+        if len(path) < depth and path[-1] == 0:
             for r, (_, p) in enumerate(guesses[len(path)]):
                 heapq.heappush(heap, (value * p, path + (r,)))
     inner = {p[:-1] for p in chosen}
@@ -312,22 +323,25 @@ class HeadsSource(Source):
         n, h, logits = self.at
         if h is None or n != len(tokens):
             return Proposal()
-        base = None  # E_N h, once the first head is asked
-        guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS
-        best = 1.0  # the estimate of the tree's best path so far: no token deeper is estimated higher
+        at: Optional[At] = None  # where the block stands, once the first head is asked
+        read = tokens[-1]  # the token the next head reads: the pending one, then the best guess
+        guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS, best first
+        best = 1.0  # the estimate of the best path so far: no token deeper is estimated higher
         for k in range(1, min(self.heads.k, budget.max_len) + 1):
             if best < budget.stop_below:  # no deeper token is worth a row: its head's products are spared
                 break
-            base = self._base(h, logits) if base is None else base
-            row = self.heads.head(h, base, tokens[-1], k)
+            at = self.heads.head(self.heads.start(h, self._base(h, logits)) if at is None else at, read)
+            row = at.logits
             top = np.argpartition(row, -RANKS)[-RANKS:]
             p = np.exp(row[top] - row.max())
             p /= np.exp(row - row.max()).sum()
             seen = self.heads.calibration[k - 1, np.rint(10 * p).astype(np.int64)]
             keys = [Guess(k, int(np.rint(10 * q))) for q in seen]
-            guesses.append([(int(self.heads.tokens[t]), key, budget.rates.get(key, PRIORS[key]))
-                            for t, key in zip(top, keys)])
-            best *= max(rate for _, _, rate in guesses[-1])
+            rates = [budget.rates.get(key, PRIORS[key]) for key in keys]
+            ranked = sorted(range(RANKS), key=lambda i: (-rates[i], -p[i]))
+            guesses.append([(int(self.heads.tokens[top[i]]), keys[i], rates[i]) for i in ranked])
+            read, _, rate = guesses[-1][0]
+            best *= rate
         paths = tree([[(t, rate) for t, _, rate in g] for g in guesses], self.max_nodes, budget.max_len)
         return Proposal(tuple(Candidate(tuple(guesses[i][r][0] for i, r in enumerate(path)), NAME,
                                         tuple(guesses[i][r][1] for i, r in enumerate(path)))
@@ -348,8 +362,7 @@ class HeadsSource(Source):
 
 
 def _priors() -> Dict[Guess, float]:
-    # what the held-out text said (given the tokens before it, a head's token is a little likelier
-    # than that: its misses come with theirs)
+    # what the held-out text said (given the tokens before it, as a head's token is verified)
     return {Guess(k, d): min(0.95, max(0.02, 0.1 * d)) for k in range(1, MAX_HEADS + 1) for d in range(11)}
 
 

@@ -100,6 +100,14 @@ class States:
         idx = idx[self.piece[idx + k] == self.piece[idx]]
         return idx, self.labels[idx + k]
 
+    def along(self, rows: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(rows k later, whether each is still in its row's piece): the rows held where a
+        valid one is not (the last row, or the row itself)."""
+        ahead = rows + k
+        valid = ahead < len(self)
+        valid[valid] = self.piece[ahead[valid]] == self.piece[rows[valid]]
+        return np.where(valid, ahead, rows), valid
+
     def first(self, n: int) -> "States":
         """The first ``n`` rows."""
         return States(*(getattr(self, f)[:n] for f in FIELDS))

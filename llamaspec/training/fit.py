@@ -1,26 +1,30 @@
 """Draft heads fitted to the target's states with numpy (Medusa-1: the target frozen, only the
-heads' residual blocks trained).
+heads' block trained), through K steps of the block at once (EAGLE's draft model, unrolled).
 
-For head k, a batch of rows h (B, d), the rows e (B, d) of E_N of the tokens the text goes on
-with after them (the pending tokens; zero off the map), x = ([h; e] - mu) / sd (B, 2d), the
-block's input standardised by the training rows' mean and deviation per column (the target's
-hidden states are far from even: a few columns vary 3,000 times as much as others, and Adam on
-the raw columns learned head 1 to 0.41 where it now learns 0.48), and the target's tokens k
-places after the pending ones y (B,), mapped into the N tokens of the map::
+For a batch of rows h (B, d) and the tokens the text goes on with after them, x[t+1 .. t+K]
+(the pending token, then the tokens the heads before each are taken to have guessed: the
+text's), the rows e_k (B, d) of E_N of x[t+k] (zero off the map), and the target's
+distributions k places after the pending token t_k (its TOP tokens renormalised on the map,
+``soft``, else onehot of its choice)::
 
-    a = x V_k^T + c_k  (B, r)      g = SiLU(a)      z = h + g U_k^T  (B, d)      l = z E_N^T  (B, N)
-    loss = mean(-sum(t * log softmax(l)))        t: the target's distribution k places ahead,
-                                                 its TOP tokens renormalised on the map
-                                                 (``soft``), else onehot(y)
-    dl = (softmax(l) - t) / B     dz = dl E_N     dU_k = dz^T g     da = (dz U_k) * SiLU'(a)
-    dV_k = da^T x                 dc_k = sum(da)
+    z_0 = h     u_k = ([z_(k-1); e_k] - mu) / sd     (B, 2d): the block's input, standardised
+    a_k = u_k V^T + c  (B, r)    g_k = SiLU(a_k)    z_k = z_(k-1) + g_k U^T  (B, d)
+    l_k = z_k E_N^T  (B, N)      loss = sum_k w_k mean(-sum(t_k * log softmax(l_k)))
 
-U_k starts at zero (each head then guesses as the target's own output matrix does), V_k at
-random (N(0, 1 / 2d): a's units start apart), c_k at zero; Adam moves them, its step size
-falling linearly to 0 by the training's end (its last step or its deadline, whichever comes
-first). The file keeps V_k and c_k folded back onto [h; e]: V_k / sd and c_k - (V_k / sd) mu,
-so that using the heads needs neither mu nor sd. Rows whose token k places ahead is outside the
-map are not trained on (and count as misses in the held-out agreement).
+mu and sd are the training rows' [h; e]'s mean and deviation per column (the target's hidden
+states are far from even: a few columns vary 3,000 times as much as others, and Adam on the raw
+columns learned head 1 to 0.41 where it learned 0.48). Back through the steps, last first:
+
+    dl_k = w_k (softmax(l_k) - t_k) / B      dz_k = dl_k E_N + dz'_k (from step k+1; 0 at K)
+    dU += dz_k^T g_k     da_k = (dz_k U) * SiLU'(a_k)     dV += da_k^T u_k     dc += sum(da_k)
+    dz'_(k-1) = dz_k + (da_k V)[:, :d] / sd[:d]
+
+U starts at zero (each head then guesses as the target's own output matrix does), V at random
+(N(0, 1 / 2d): a's units start apart), c at zero; Adam moves them, its step size falling
+linearly to 0 by the training's end (its last step or its deadline, whichever comes first).
+The file keeps V and c folded back onto [z; e]: V / sd and c - (V / sd) mu, so that using the
+heads needs neither mu nor sd. A head whose token is outside the map, or past its piece's end,
+is not trained on at that row (and counts as a miss in the held-out agreement).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,7 +49,7 @@ PRIOR_WEIGHT = 5.0  # the calibration's: rows of a decile's own value, d / 10, b
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """``heads``: K; ``rank``: r, the blocks' inner units (at most the target's d); ``n_tokens``:
+    """``heads``: K, the block's steps; ``rank``: r, its inner units (at most the target's d); ``n_tokens``:
     the map's size (0: the fewest covering COVERAGE of the target's tokens on the training text,
     between MIN_TOKENS and MAX_TOKENS); ``epochs`` over the
     training rows; ``batch`` rows a step; ``lr`` Adam's first step size (it falls to 0 by the
@@ -167,27 +171,44 @@ def targets(y: np.ndarray, n: int, soft: Optional[Tuple[np.ndarray, np.ndarray]]
     return t / t.sum(axis=1, keepdims=True)
 
 
-def head_step(v: np.ndarray, c: np.ndarray, u: np.ndarray, out: np.ndarray, h: np.ndarray, x: np.ndarray,
-              y: np.ndarray, soft: Optional[Tuple[np.ndarray, np.ndarray]] = None
-              ) -> Tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-    """One head's loss on a batch of hidden states h (B, d) and the block's input x (B, 2d), and
-    its gradients (dV, dc, dU); ``y`` indexes the map, ``soft``: the target's distribution there
-    (see ``targets``)."""
-    a = x @ v.T + c
-    s = 1.0 / (1.0 + np.exp(-a))
-    g = a * s
-    logits = (h + g @ u.T) @ out.T
-    logits -= logits.max(axis=1, keepdims=True)
-    p = np.exp(logits)
-    p /= p.sum(axis=1, keepdims=True)
-    n = len(y)
-    t = targets(y, p.shape[1], soft)
-    loss = float(-(t * np.log(p + 1e-30)).sum(axis=1).mean())
-    p -= t
-    p /= n
-    dz = p @ out
-    da = (dz @ u) * (s * (1.0 + a * (1.0 - s)))
-    return loss, da.T @ x, da.sum(axis=0), dz.T @ g
+DEPTH_1 = 2.0  # w_1, head 1's weight in the loss (the others': 1): 0.358 -> 0.368 held out, deeper heads alike
+
+
+def chain_step(v: np.ndarray, c: np.ndarray, u: np.ndarray, out: np.ndarray, h: np.ndarray, e: Sequence[np.ndarray],
+               t: Sequence[np.ndarray], mu: np.ndarray, sd: np.ndarray
+               ) -> Tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """The loss of K steps of the block on a batch of hidden states h (B, d), the rows e[k-1]
+    (B, d) of the tokens read, and the distributions t[k-1] (B, N) each step learns (a row of
+    zeros: none there), and its gradients (dV, dc, dU); the block acts on ([z; e] - mu) / sd."""
+    d, n = h.shape[1], len(h)
+    z, saved, loss, dz_out = h, [], 0.0, []
+    for k, (e_k, t_k) in enumerate(zip(e, t), start=1):
+        x = (np.concatenate([z, e_k], axis=1) - mu) / sd
+        a = x @ v.T + c
+        s = 1.0 / (1.0 + np.exp(-a))
+        g = a * s
+        z = z + g @ u.T
+        logits = z @ out.T
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        w = DEPTH_1 if k == 1 else 1.0
+        loss += w * float(-(t_k * np.log(p + 1e-30)).sum(axis=1).sum() / n)
+        p *= t_k.sum(axis=1, keepdims=True)  # rows with nothing to learn here: no gradient
+        p -= t_k
+        p *= w / n
+        dz_out.append(p @ out)
+        saved.append((x, a, s, g))
+    dv, dc, du = np.zeros_like(v), np.zeros_like(c), np.zeros_like(u)
+    dz = np.zeros_like(h)
+    for (x, a, s, g), dz_k in zip(reversed(saved), reversed(dz_out)):
+        dz = dz + dz_k
+        du += dz.T @ g
+        da = (dz @ u) * (s * (1.0 + a * (1.0 - s)))
+        dv += da.T @ x
+        dc += da.sum(axis=0)
+        dz = dz + (da @ v[:, :d]) / sd[:d]
+    return loss, dv, dc, du
 
 
 def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -198,7 +219,7 @@ def scale(x: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def folded(w: np.ndarray, b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Blocks' first layers (K, r, 2d), (K, r) trained on (x - mu) / sd as layers on x: W / sd,
+    """A block's first layer (r, 2d), (r,) trained on (x - mu) / sd as layers on x: W / sd,
     rounded as the file keeps it (float16, held within its range where a column barely varies),
     and b - (W / sd) mu with that rounding, so the two cancel on mu exactly."""
     big = float(np.finfo(np.float16).max)
@@ -208,24 +229,27 @@ def folded(w: np.ndarray, b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> Tupl
 
 def held_out(heads: Heads, states: States, rows: np.ndarray, weight: float = PRIOR_WEIGHT, chunk: int = 512
              ) -> Tuple[List[float], List[float], np.ndarray]:
-    """The heads measured on ``rows``, in one pass: each head's top-1 and top-5 agreement with
-    the target's token k places after the pending one, and its calibration (K, 11): ``[k - 1,
-    d]``, how often head k's best RANKS tokens whose probability rounds to d / 10 were the
-    target's (a decile seen on few rows leans on d / 10, as if seen ``weight`` times)."""
+    """The heads measured on ``rows``, in one pass, each head reading the text's tokens (the
+    pending one, then the ones after it): each head's top-1 and top-5 agreement with the
+    target's token k places after the pending one, and its calibration (K, 11): ``[k - 1, d]``,
+    how often head k's best RANKS tokens whose probability rounds to d / 10 were the target's (a
+    decile seen on few rows leans on d / 10, as if seen ``weight`` times)."""
     n, hit1, hit5 = np.zeros(heads.k), np.zeros(heads.k), np.zeros(heads.k)
     hits, seen = np.zeros((heads.k, 11)), np.zeros((heads.k, 11))
     for start in range(0, len(rows), chunk):
         part = rows[start:start + chunk]
-        every = heads.hidden(states.hidden[part], heads.pending(states.next[part])) @ heads.out.T  # (K, B, N)
+        z = states.hidden[part]
         for k in range(1, heads.k + 1):
-            idx, labels = states.ahead(k, part)
-            logits = every[k - 1][np.isin(part, idx)]
+            z = heads.step(z, heads.pending(states.next[states.along(part, k - 1)[0]]))
+            ahead, valid = states.along(part, k)
+            logits = z[valid] @ heads.out.T
+            labels = states.labels[ahead[valid]]
             p = np.exp(logits - logits.max(axis=1, keepdims=True))
             p /= p.sum(axis=1, keepdims=True)
             top = np.argpartition(-p, min(5, p.shape[1]) - 1, axis=1)[:, :5]  # the best five (RANKS <= 5)
             order = np.take_along_axis(top, np.argsort(-np.take_along_axis(p, top, axis=1), axis=1), axis=1)
             right = heads.tokens[order] == labels[:, None]
-            n[k - 1] += len(idx)
+            n[k - 1] += len(labels)
             hit1[k - 1] += right[:, 0].sum()
             hit5[k - 1] += right[:, :5].any(axis=1).sum()
             decile = np.rint(10 * np.take_along_axis(p, order[:, :RANKS], axis=1)).astype(np.int64)
@@ -243,7 +267,7 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     does ``deadline`` (``time.perf_counter``'s), early enough to measure them on the held-out
     rows by then (as long as measuring the untrained heads took)."""
     t0 = time.perf_counter()
-    d = states.hidden.shape[1]
+    d, k = states.hidden.shape[1], config.heads
     train_rows, held_rows = split(states, config.held_out, config.seed)
     tokens, coverage = token_map(states.labels[train_rows], config.n_tokens, n_vocab)
     index = np.full(n_vocab, -1, np.int64)
@@ -251,26 +275,29 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
     out = np.asarray(out_rows(tokens)).astype(np.float16).astype(np.float32)  # as the file keeps it
     r = min(config.rank, d)
     rng = np.random.default_rng(config.seed)
-    v = (rng.normal(0, 1, (config.heads, r, 2 * d)) / math.sqrt(2 * d)).astype(np.float32)  # on (x - mu) / sd
-    c, u = np.zeros((config.heads, r), np.float32), np.zeros((config.heads, d, r), np.float32)
-    heads = Heads(np.zeros_like(v), np.zeros_like(c), np.zeros_like(u), tokens, out, dict(meta))  # untrained: z = h
+    v = (rng.normal(0, 1, (r, 2 * d)) / math.sqrt(2 * d)).astype(np.float32)  # on (x - mu) / sd
+    c, u = np.zeros(r, np.float32), np.zeros((d, r), np.float32)
+    heads = Heads(np.zeros_like(v), np.zeros_like(c), np.zeros_like(u), tokens, out, k, dict(meta))  # untrained: z = h
 
-    def inputs(rows: np.ndarray) -> np.ndarray:
-        """[h; e] of ``rows``"""
-        return np.concatenate([states.hidden[rows], heads.pending(states.next[rows])], axis=1)
+    def learned(rows: np.ndarray, j: int) -> np.ndarray:
+        """What step j learns at ``rows`` (B, N): the target's distribution j places after the
+        pending token, zero where its token is off the map or past the piece's end."""
+        ahead, valid = states.along(rows, j)
+        y = index[states.labels[ahead]]
+        valid &= y >= 0
+        t = targets(np.maximum(y, 0), len(tokens), (index[states.top[ahead]], states.top_p[ahead]) if config.soft
+                    else None)
+        t[~valid] = 0.0
+        return t
 
     t1 = time.perf_counter()
     base1, _, _ = held_out(heads, states, held_rows)
     stop = deadline - (time.perf_counter() - t1)
-    examples = []
-    for k in range(1, config.heads + 1):
-        rows, labels = states.ahead(k, train_rows)
-        keep = index[labels] >= 0
-        examples.append((rows[keep], index[labels[keep]], k))
-    n_rows = max((len(r) for r, _, _ in examples), default=0)
-    steps = int(np.ceil(config.epochs * n_rows / config.batch)) if n_rows else 0
-    mu, sd = scale(inputs(rng.permutation(train_rows)[:SCALE_ROWS]))
-    adam = Adam([v.shape[1:], c.shape[1:], u.shape[1:]] * config.heads)
+    rows, _ = states.ahead(1, train_rows)  # rows where head 1 has a token to learn
+    steps = int(np.ceil(config.epochs * len(rows) / config.batch)) if len(rows) else 0
+    sample = rng.permutation(train_rows)[:SCALE_ROWS]
+    mu, sd = scale(np.concatenate([states.hidden[sample], heads.pending(states.next[sample])], axis=1))
+    adam = Adam([v.shape, c.shape, u.shape])
     done, interrupted, out_of_time = 0, False, False
     begun = time.perf_counter()
     try:
@@ -279,20 +306,13 @@ def train(states: States, n_vocab: int, out_rows: Callable[[np.ndarray], np.ndar
             if now >= stop:
                 out_of_time = True
                 break
-            params, grads, losses = [], [], []
-            for k, (rows, labels, ahead) in enumerate(examples):
-                pick = rng.integers(0, len(rows), min(config.batch, len(rows)))
-                r = rows[pick]
-                x = inputs(r)
-                soft = (index[states.top[r + ahead]], states.top_p[r + ahead]) if config.soft else None
-                loss, dv, dc, du = head_step(v[k], c[k], u[k], heads.out, x[:, :d], (x - mu) / sd, labels[pick],
-                                             soft)
-                params += [v[k], c[k], u[k]]
-                grads += [dv, dc, du]
-                losses.append(loss)
-            adam.step(params, grads, config.lr * (1 - max(step / steps, (now - begun) / (stop - begun))))
+            pick = rows[rng.integers(0, len(rows), min(config.batch, len(rows)))]
+            e = [heads.pending(states.next[states.along(pick, j - 1)[0]]) for j in range(1, k + 1)]
+            loss, dv, dc, du = chain_step(v, c, u, out, states.hidden[pick], e,
+                                          [learned(pick, j) for j in range(1, k + 1)], mu, sd)
+            adam.step([v, c, u], [dv, dc, du], config.lr * (1 - max(step / steps, (now - begun) / (stop - begun))))
             done = step + 1
-            progress(done, steps, float(np.mean(losses)))
+            progress(done, steps, loss)
     except KeyboardInterrupt:
         interrupted = True
     (heads.w, heads.b), heads.u = folded(v, c, mu, sd), u

@@ -21,7 +21,8 @@ from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
 from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, silu, tree
-from llamaspec.training.fit import Adam, folded, head_step, held_out, split, targets, token_map, TrainConfig, train
+from llamaspec.training.fit import (DEPTH_1, Adam, chain_step, folded, held_out, split, targets, token_map, TrainConfig,
+                                    train)
 from llamaspec.training.data import SPREAD, States, best
 
 D, N, V, R = 8, 12, 40, 5
@@ -30,9 +31,9 @@ D, N, V, R = 8, 12, 40, 5
 def fake_heads(k=3, seed=0):
     rng = np.random.default_rng(seed)
     tokens = np.sort(rng.choice(V, N, replace=False))
-    return Heads(rng.normal(0, 0.3, (k, R, 2 * D)).astype(np.float32), rng.normal(0, 0.1, (k, R)).astype(np.float32),
-                 rng.normal(0, 0.3, (k, D, R)).astype(np.float32),
-                 tokens, rng.normal(0, 1, (N, D)).astype(np.float32),
+    return Heads(rng.normal(0, 0.3, (R, 2 * D)).astype(np.float32), rng.normal(0, 0.1, R).astype(np.float32),
+                 rng.normal(0, 0.3, (D, R)).astype(np.float32),
+                 tokens, rng.normal(0, 1, (N, D)).astype(np.float32), k,
                  {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf"})
 
 
@@ -44,18 +45,23 @@ def test_a_pending_token_is_its_row_of_the_map_s_output_matrix_or_zero():
 
 
 def test_the_drafter_computes_the_heads_logits_as_defined():
+    """Head k is the block's k-th step, each step reading a token (the pending one, then one
+    taken to be guessed): the drafter's products of V^z z and E_N z are those of z itself."""
     heads = fake_heads()
     drafter = heads.drafter()
     h = np.random.default_rng(3).normal(0, 1, D).astype(np.float32)
     on, off = int(heads.tokens[7]), next(t for t in range(V) if t not in heads.tokens)
-    for pending in (on, off, int(heads.tokens[0]), int(heads.tokens[-1]), V + 5, -1):
-        for k in (1, 2, 3):
-            assert np.allclose(drafter.head(h, drafter.base(h), pending, k), heads.logits(h, pending)[k - 1],
-                               atol=1e-5)
+    for read in ([on, int(heads.tokens[0]), off], [off, off, on], [int(heads.tokens[-1]), V + 5, -1]):
+        at, rows = drafter.start(h, drafter.base(h)), []
+        for token in read:
+            at = drafter.head(at, token)
+            rows.append(at.logits)
+        assert np.allclose(np.stack(rows), heads.logits(h, read), atol=1e-4)
+    z = h + silu(heads.w @ np.concatenate([h, heads.pending(on)]) + heads.b) @ heads.u.T  # head 1 by hand
+    assert np.allclose(heads.logits(h, [on])[0], heads.out @ z, atol=1e-5)
     rows = np.random.default_rng(4).normal(0, 1, (5, D)).astype(np.float32)  # B rows at once: as one at a time
     e = heads.pending(heads.tokens[:5])
-    assert np.allclose(heads.hidden(rows, e), np.stack([heads.hidden(r, x) for r, x in zip(rows, e)], axis=1),
-                       atol=1e-5)
+    assert np.allclose(heads.step(rows, e), np.stack([heads.step(r, x) for r, x in zip(rows, e)]), atol=1e-5)
 
 
 def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
@@ -66,8 +72,8 @@ def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
     assert tree(guesses, max_nodes=3, max_len=1) == [[0], [1]]
     assert tree(guesses, max_nodes=1, max_len=3) == [[0]]
     assert tree([], 8, 3) == [] and tree(guesses, 0, 3) == []
-    for leaf in tree(guesses, max_nodes=7, max_len=3):
-        assert len(leaf) <= 3
+    # a deeper head follows its predecessor's best token only: (0, 1) and (1,) are never extended
+    assert tree(guesses, max_nodes=7, max_len=3) == [[0, 1], [1], [0, 0, 0], [0, 0, 1]]
 
 
 def test_heads_file_round_trip_and_its_errors(tmp_path):
@@ -88,27 +94,20 @@ def test_heads_file_round_trip_and_its_errors(tmp_path):
     other = tmp_path / "other.npz"
     np.savez(other, w=heads.w, b=heads.b, tokens=heads.tokens, out=heads.out,
              meta=np.frombuffer(b'{"format": "something else"}', dtype=np.uint8))
-    with pytest.raises(HeadsError, match="other.npz is a something else file, not llamaspec-heads-3; train it again"):
+    with pytest.raises(HeadsError, match="other.npz is a something else file, not llamaspec-heads-4; train it again"):
         Heads.read(other)
 
 
-def test_a_file_of_the_full_blocks_format_still_reads_as_its_heads(tmp_path):
-    """llamaspec-heads-2 kept Medusa's full block, z = h + SiLU(W [h; e] + b), and no U: read as
-    U = I, its heads' logits are that block's."""
-    rng = np.random.default_rng(6)
+def test_a_file_of_independent_heads_is_one_line_asking_to_train_again(tmp_path):
+    """llamaspec-heads-3 and before kept a block per head, each on h alone: not read."""
     heads = fake_heads()
-    w, b = rng.normal(0, 0.3, (3, D, 2 * D)).astype(np.float16), rng.normal(0, 0.1, (3, D)).astype(np.float32)
     old = tmp_path / "old.heads.npz"
-    np.savez(old, w=w, b=b, tokens=heads.tokens, out=heads.out.astype(np.float16), calibration=heads.calibration,
-             meta=np.frombuffer(json.dumps(dict(heads.meta, format="llamaspec-heads-2")).encode(), dtype=np.uint8))
-    back = Heads.read(old)
-    h = rng.normal(0, 1, D).astype(np.float32)
-    e = back.pending(int(heads.tokens[2]))
-    z = h + silu(w.astype(np.float32) @ np.concatenate([h, e]) + b)
-    np.testing.assert_allclose(back.logits(h, int(heads.tokens[2])), z @ back.out.T, atol=1e-4)
-    drafter = back.drafter()
-    np.testing.assert_allclose(drafter.head(h, drafter.base(h), int(heads.tokens[2]), 2), (z @ back.out.T)[1],
-                               atol=1e-4)
+    np.savez(old, w=np.stack([heads.w] * 3), b=np.stack([heads.b] * 3), u=np.stack([heads.u] * 3),
+             tokens=heads.tokens, out=heads.out.astype(np.float16), calibration=heads.calibration,
+             meta=np.frombuffer(json.dumps(dict(heads.meta, format="llamaspec-heads-3")).encode(), dtype=np.uint8))
+    with pytest.raises(HeadsError, match="is a llamaspec-heads-3 file, not llamaspec-heads-4; train it again") as e:
+        Heads.read(old)
+    assert "\n" not in str(e.value)
 
 
 def test_heads_for_another_model_are_refused(tmp_path):
@@ -120,37 +119,54 @@ def test_heads_for_another_model_are_refused(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_the_training_step_s_gradients_are_the_loss_s():
-    rng = np.random.default_rng(3)
+def chain_inputs(seed, k=2, b=5):
+    rng = np.random.default_rng(seed)
     v, c, u = rng.normal(0, 0.3, (R, 2 * D)), rng.normal(0, 0.1, R), rng.normal(0, 0.3, (D, R))
-    out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (5, 2 * D)), rng.integers(0, N, 5)
-    h = rng.normal(0, 1, (5, D))  # the residual: the block's input is standardised, h is not
-    loss, *grads = head_step(v, c, u, out, h, x, y)
+    out, h = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (b, D))
+    e = [rng.normal(0, 1, (b, D)) for _ in range(k)]
+    mu, sd = rng.normal(0, 0.5, 2 * D), np.exp(rng.normal(0, 0.5, 2 * D))  # the block's input standardised
+    return rng, (v, c, u), out, h, e, mu, sd
+
+
+def test_the_training_step_s_gradients_are_the_loss_s_through_every_step():
+    """Two steps of the block, the second reading the first's z: each parameter's gradient is the
+    loss's change, and so is the loss the sum of the steps' weighted cross-entropies."""
+    rng, params, out, h, e, mu, sd = chain_inputs(3)
+    t = [targets(rng.integers(0, N, 5), N) for _ in e]
+    t[1][2] = 0.0  # row 2 has nothing to learn at step 2
+    loss, *grads = chain_step(*params, out, h, e, t, mu, sd)
     eps = 1e-6
-    # (2, D + 3): the pending token's embedding
+    # (2, D + 3): the token read's row
     for p, g, at in ((0, grads[0], ((0, 0), (3, 5), (2, D + 3))), (1, grads[1], ((4,),)), (2, grads[2], ((7, 2),))):
         for i in at:
-            moved = [v.copy(), c.copy(), u.copy()]
+            moved = [x.copy() for x in params]
             moved[p][i] += eps
-            assert (head_step(*moved, out, h, x, y)[0] - loss) / eps == pytest.approx(g[i], rel=1e-3, abs=1e-6)
+            assert (chain_step(*moved, out, h, e, t, mu, sd)[0] - loss) / eps == pytest.approx(g[i], rel=1e-3, abs=1e-6)
+    v, c, u = params
+    z, want = h, 0.0
+    for j, (e_j, t_j) in enumerate(zip(e, t)):
+        z = z + silu(((np.concatenate([z, e_j], 1) - mu) / sd) @ v.T + c) @ u.T
+        logp = z @ out.T - np.log(np.exp(z @ out.T).sum(1, keepdims=True))
+        want += (DEPTH_1 if j == 0 else 1.0) * -(t_j * logp).sum() / len(h)
+    assert loss == pytest.approx(want, rel=1e-9)
 
 
-def test_the_soft_step_s_gradients_are_its_loss_s_and_its_targets_the_target_s_distribution():
-    rng = np.random.default_rng(4)
-    v, c, u = rng.normal(0, 0.3, (R, 2 * D)), rng.normal(0, 0.1, R), rng.normal(0, 0.3, (D, R))
-    out, x, y = rng.normal(0, 1, (N, D)), rng.normal(0, 1, (3, 2 * D)), np.array([2, 5, 7])
-    h = x[:, :D]
+def test_the_soft_targets_are_the_target_s_distribution_on_the_map():
+    y = np.array([2, 5, 7])
     ids = np.array([[2, 3, -1], [5, -1, -1], [-1, -1, -1]])  # -1: off the map
     p = np.array([[0.5, 0.25, 0.25], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]], np.float32)
     t = targets(y, N, (ids, p))
     assert t[0, 2] == pytest.approx(2 / 3) and t[0, 3] == pytest.approx(1 / 3)  # renormalised on the map
     assert t[1, 5] == 1.0 and t[2, 7] == 1.0  # all off the map: the target's choice
-    loss, dv, _, du = head_step(v, c, u, out, h, x, y, (ids, p))
-    v2, u2 = v.copy(), u.copy()
+    rng, params, out, h, e, mu, sd = chain_inputs(4, k=1, b=3)
+    loss, dv, _, du = chain_step(*params, out, h, e, [t], mu, sd)
+    v2, u2 = params[0].copy(), params[2].copy()
     v2[1, 4] += 1e-6
     u2[3, 1] += 1e-6
-    assert (head_step(v2, c, u, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(dv[1, 4], rel=1e-3, abs=1e-6)
-    assert (head_step(v, c, u2, out, h, x, y, (ids, p))[0] - loss) / 1e-6 == pytest.approx(du[3, 1], rel=1e-3, abs=1e-6)
+    moved_v = chain_step(v2, params[1], params[2], out, h, e, [t], mu, sd)[0]
+    moved_u = chain_step(params[0], params[1], u2, out, h, e, [t], mu, sd)[0]
+    assert (moved_v - loss) / 1e-6 == pytest.approx(dv[1, 4], rel=1e-3, abs=1e-6)
+    assert (moved_u - loss) / 1e-6 == pytest.approx(du[3, 1], rel=1e-3, abs=1e-6)
 
 
 def test_the_target_s_best_tokens_and_their_probabilities_are_its_softmax_s():
@@ -289,7 +305,8 @@ def budget(max_len=3, candidates=4):
 
 
 def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
-    source = HeadsSource(fake_heads().drafter(), max_nodes=8)
+    heads = fake_heads()
+    source = HeadsSource(heads.drafter(), max_nodes=8)
     rng = np.random.default_rng(0)
     assert source.propose([1, 2, 3], budget(), SamplingConfig(), rng).candidates == ()  # nothing learned yet
     h = np.random.default_rng(1).normal(0, 1, D).astype(np.float32)
@@ -297,12 +314,15 @@ def test_the_source_proposes_after_the_hidden_state_of_its_text_only():
     assert source.propose([1, 2, 3, 4], budget(), SamplingConfig(), rng).candidates == ()  # another text
     proposal = source.propose([1, 2, 3], budget(), SamplingConfig(), rng)
     assert 1 <= len(proposal.candidates) <= 4
-    logits = [source.heads.head(h, source.heads.base(h), 3, k) for k in (1, 2, 3)]
     for c in proposal.candidates:
         assert all(isinstance(e, Guess) and e in PRIORS for e in c.evidence)
         assert all(t in source.heads.tokens for t in c.tokens) and len(c.tokens) <= 3
-    best = tuple(int(source.heads.tokens[r.argmax()]) for r in logits)
-    assert any(c.tokens == best[:len(c.tokens)] for c in proposal.candidates)
+    best = [3]  # the heads' best path: each head reads the best token before it
+    for k in range(3):
+        best.append(int(heads.tokens[heads.logits(h, best)[k].argmax()]))
+    assert any(list(c.tokens) == best[1:1 + len(c.tokens)] for c in proposal.candidates)
+    for c in proposal.candidates:  # every other token is a sibling of that path's
+        assert list(c.tokens[:-1]) == best[1:len(c.tokens)]
     assert all(len(c.tokens) <= 1 for c in source.propose([1, 2, 3], budget(max_len=1), SamplingConfig(),
                                                            rng).candidates)
     assert set(PRIORS) == set(PLUGIN.priors)
@@ -317,9 +337,9 @@ class Counting:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def head(self, h, base, pending, k):
-        self.computed.append(k)
-        return self.drafter.head(h, base, pending, k)
+    def head(self, at, token):
+        self.computed.append(sum(1 for c in self.computed if c != "base") + 1)  # head k: the step's k-th
+        return self.drafter.head(at, token)
 
 
 class CountingBase(Counting):
@@ -555,8 +575,7 @@ def test_the_heads_time_script_times_each_block():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("3 heads, d 16, N 32") and len(lines) == 7
+    assert lines[0].startswith("3 heads, d 16, N 32") and len(lines) == 5
     assert [line.split(":")[0].strip() for line in lines[1:]] == [
-        "full block, as the earlier Drafter computed it", "full block read as U = I", "r = 4",
-        "r = 4, E_N h from the logits", "r = 2", "r = 2, E_N h from the logits"]
+        "r = 4", "r = 4, E_N h from the logits", "r = 2", "r = 2, E_N h from the logits"]
     assert all(float(line.rsplit(":", 1)[1]) > 0 for line in lines[1:])
