@@ -18,7 +18,7 @@ A key without a prior is a source's bug, not a guess to make: ``prior`` raises U
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, Mapping, Optional, Set, Tuple
+from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..sources.base import Evidence, Outcome
 from ..sources import default_registry
@@ -65,6 +65,16 @@ class AcceptanceModel:
             r = min(MAX_RATE, (acc + self.weight * self.prior(source, bucket)) / (seen + self.weight))
             self._rates[key] = r
         return r
+
+    def chain(self, source: str, evidence: Sequence[Evidence]) -> List[float]:
+        """``rate`` of each token of a candidate of ``source`` with ``evidence`` (a step asks this
+        of every candidate token: the estimates known are read without a call each)."""
+        known = self._rates
+        out = []
+        for bucket in evidence:
+            r = known.get((source, bucket))
+            out.append(self.rate(source, bucket) if r is None else r)
+        return out
 
     def rates(self, source: str) -> Dict[Evidence, float]:
         """Every evidence key of ``source`` with a prior or evidence, and its estimate."""

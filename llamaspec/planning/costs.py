@@ -141,6 +141,7 @@ class CostModel:
         self._verify: Dict[int, float] = {}  # verify(n) at _verify_at, recomputed every REFRESH observations
         self._verify_at: Optional[int] = None
         self._observed = 0
+        self.epoch = 0  # counts the times verify's costs were recomputed: they stand between two
 
     def fresh(self) -> "CostModel":
         """The same measured curves, none of this model's refinement (for a batch of its own,
@@ -168,6 +169,7 @@ class CostModel:
         if step != self._verify_at:
             self._verify_at = step
             self._verify.clear()
+            self.epoch += 1
         cost = self._verify.get(n)
         if cost is None:
             cost = self._verify[n] = self.ms(self.TARGET, n, length) / self.ms(self.TARGET, 1, length)
@@ -211,6 +213,7 @@ class CostModel:
             self._observed += 1
             if self._observed % self.REFRESH == 0:
                 self._verify.clear()
+                self.epoch += 1
         d = self.DECAY
         for key, table in (((name, n), self._size), (name, self._all)):
             s, w = table.get(key, (0.0, 0.0))  # type: ignore[call-overload]

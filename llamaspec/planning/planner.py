@@ -56,7 +56,8 @@ tries, the window and the draft model; on a steep CPU curve it picks short draft
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from functools import partial
+from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..sources.base import Budget, Candidate, Window
 from ..sources import default_registry
@@ -137,6 +138,8 @@ class Planner:
         self.shadowed = default_registry().shadowed() if shadowed is None else shadowed
         self._tokens, self._cost = 0.0, 0.0  # decayed sums over recent steps
         self._accepted, self._estimated = 0.0, 0.0  # decayed sums over recent verified steps
+        self._known: Dict[Tuple[int, int, int, float, Optional[int]], float] = {}  # _added's, in this epoch
+        self._epoch = -1  # of the costs' verify costs that _known holds
 
     @property
     def rate(self) -> float:
@@ -172,18 +175,18 @@ class Planner:
         # on one row where another row count costs the switch: also score each plan without it
         entering = _entering(limits)
         free = replace(limits, shape=0) if entering else limits
-        if not self.fixed and not self._may_pay(rates, window, free):
-            return Choice((0,) * len(candidates), False, 1.0, sunk + self._added(limits, 1), 1.0)
+        cost = partial(self._added, limits)  # what n rows add under the step's limits
+        cost_free = partial(self._added, free) if entering else cost  # and without the switch
+        if not self.fixed and not self._may_pay(rates, window, free, cost_free):
+            return Choice((0,) * len(candidates), False, 1.0, sunk + cost(1), 1.0)
         lam = self.rate
         parent, raw, depth, support = _nodes(candidates, rates, self.shadowed)
         prob = _scaled(parent, raw, self.calibration)
         worth = _worth(parent, prob, lam)
         forced = [v for v in range(1, len(parent))
-                  if any(candidates[c].source in self.fixed for c, _ in support[v])]
+                  if any(candidates[c].source in self.fixed for c, _ in support[v])] if self.fixed else []
         force_window = window is not None and bool(self.fixed)
         rider_rows = len(window.rows) if window is not None else 0
-        def cost(rows: int, at: Limits = limits) -> float:
-            return self._added(at, rows)
 
         chosen: List[int] = []
         picked = [False] * len(parent)
@@ -194,17 +197,19 @@ class Planner:
         best_free = -float("inf")  # the best score without the switch (entering)
 
         def consider() -> None:
-            nonlocal best, best_free
             rows = 1 + len(chosen)
-            options = [] if force_window else [(value, rows, False)]
+            if not force_window:
+                weigh(value, rows, False)
             if window is not None and rows + rider_rows <= limits.max_rows:
-                options.append((value + window.value, rows + rider_rows, True))
-            for worth_of, n_rows, ride in options:
-                score = worth_of - lam * (sunk + cost(n_rows))
-                if best is None or score > best[0]:
-                    best = (score, len(chosen), ride)
-                if entering:
-                    best_free = max(best_free, worth_of - lam * (sunk + cost(n_rows, free)))
+                weigh(value + window.value, rows + rider_rows, True)
+
+        def weigh(worth_of: float, n_rows: int, ride: bool) -> None:
+            nonlocal best, best_free
+            score = worth_of - lam * (sunk + cost(n_rows))
+            if best is None or score > best[0]:
+                best = (score, len(chosen), ride)
+            if entering:
+                best_free = max(best_free, worth_of - lam * (sunk + cost_free(n_rows)))
 
         def take(v: int) -> bool:
             nonlocal leaves, value
@@ -223,7 +228,9 @@ class Planner:
         for v in forced:  # a fixed source's tokens are all verified; the scan adds to them
             take(v)
         consider()
-        for v in sorted(range(1, len(parent)), key=lambda u: (-prob[u], u)):
+        for v in _by_decreasing(prob):
+            if len(chosen) + 2 > limits.max_rows:  # no room for another node
+                break
             if not picked[v] and take(v):
                 consider()
         _, n, ride = best if best is not None else (0.0, len(chosen), False)
@@ -260,32 +267,43 @@ class Planner:
         return self._added(limits, 1)
 
     def _added(self, limits: Limits, rows: int) -> float:
-        """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it."""
-        base = limits.base_rows
-        return self._decode(limits, base + rows) - (self._decode(limits, base) if base else 0.0)
+        """What ``rows`` add to the decode of the ``limits.base_rows`` other sequences put in it
+        (known from an earlier step while the costs' verify costs stand: a step weighs some thirty
+        row counts)."""
+        if self._epoch != self.costs.epoch:
+            self._epoch = self.costs.epoch
+            self._known.clear()
+        length = limits.length // CostModel.LENGTH_STEP if limits.length is not None else None
+        key = (rows, limits.base_rows, limits.shape, limits.switch, length)
+        cost = self._known.get(key)
+        if cost is None:
+            base = limits.base_rows
+            cost = self._known[key] = self._decode(limits, base + rows) - (self._decode(limits, base) if base else 0.0)
+        return cost
 
     def _decode(self, limits: Limits, rows: int) -> float:
         """What a decode of ``rows`` rows costs after the last one (planning/shape.py)."""
         return decode(rows, limits.shape, limits.switch, lambda n: self.costs.verify(n, limits.length))[1]
 
-    def _may_pay(self, rates: Sequence[Sequence[float]], window: Optional[Window], limits: Limits) -> bool:
+    def _may_pay(self, rates: Sequence[Sequence[float]], window: Optional[Window], limits: Limits,
+                 added: Callable[[int], float]) -> bool:
         """Whether any selection could beat a plain step: a bound that spares building the trie
         where nothing pays, which is most steps of a text that copies little. Verifying m nodes
         adds at most the m best single chain values (calibrated, at most 1 each: merging shares
         nodes and siblings exclude each other, which only lowers them), each worth at most lam
-        tokens, for m rows."""
+        tokens, for m rows. ``added(n)``: what n rows add under ``limits``."""
         lam, factor = self.rate, self.calibration
         values = sorted((lam * min(1.0, factor * p) for chain in _chains(rates) for p in chain), reverse=True)
-        plain = 1.0 - lam * self._added(limits, 1)
+        plain = 1.0 - lam * added(1)
         ride_rows, ride_value = (len(window.rows), window.value) if window is not None else (0, 0.0)
-        if ride_rows and 1.0 + ride_value - lam * self._added(limits, 1 + ride_rows) > plain:
+        if ride_rows and 1.0 + ride_value - lam * added(1 + ride_rows) > plain:
             return True
         value = 1.0
         for m, v in enumerate(values[:limits.max_rows - 1], 1):
             value += v
-            if value - lam * self._added(limits, 1 + m) > plain:
+            if value - lam * added(1 + m) > plain:
                 return True
-            if ride_rows and value + ride_value - lam * self._added(limits, 1 + m + ride_rows) > plain:
+            if ride_rows and value + ride_value - lam * added(1 + m + ride_rows) > plain:
                 return True
         return False
 
@@ -356,7 +374,7 @@ def _scaled(parent: Sequence[int], prob: Sequence[float], factor: float) -> List
     likelier first: siblings exclude each other). Parents come before their children."""
     out = [1.0] * len(prob)
     left = [1.0] * len(prob)  # what a node's children may still share
-    for v in sorted(range(1, len(prob)), key=lambda u: (-prob[u], u)):  # a parent's P is at least its child's
+    for v in _by_decreasing(prob):  # a parent's P is at least its child's
         p = parent[v]
         out[v] = min(left[p], factor * prob[v])
         left[p] -= out[v]
@@ -389,9 +407,11 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]], sh
     merged = [c for c, cand in enumerate(candidates) if cand.q is None]
     trie = Trie.build(-1, [candidates[c] for c in merged], [len(candidates[c].tokens) for c in merged])
     parent, depth = list(trie.parent), list(trie.depth)
-    support = [[(merged[i], pos) for i, pos in s] for s in trie.support]
+    support = trie.support if len(merged) == len(candidates) else \
+        [[(merged[i], pos) for i, pos in s] for s in trie.support]
     chains = _chains(rates)
-    best = [max((chains[c][pos] for c, pos in _unshadowed(s, candidates, shadowed)), default=1.0) for s in support]
+    best = [chains[s[0][0]][s[0][1]] if len(s) == 1 else  # one candidate's node: most nodes of a long copy
+            max((chains[c][pos] for c, pos in _unshadowed(s, candidates, shadowed)), default=1.0) for s in support]
     for c, cand in enumerate(candidates):
         if cand.q is None:
             continue
@@ -406,7 +426,7 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]], sh
     # Siblings exclude each other: the best estimated keeps its value, each next one at most
     # what the better ones leave (1 - their sum).
     left = [1.0] * len(parent)
-    for v in sorted(range(1, len(parent)), key=lambda u: -accept[u]):
+    for v in _by_decreasing(accept):
         a = min(accept[v], left[parent[v]])
         left[parent[v]] -= a
         accept[v] = a
@@ -414,6 +434,12 @@ def _nodes(candidates: Sequence[Candidate], rates: Sequence[Sequence[float]], sh
     for v in range(1, len(parent)):  # parents first
         prob[v] = prob[parent[v]] * accept[v]
     return parent, prob, depth, support
+
+
+def _by_decreasing(values: Sequence[float]) -> List[int]:
+    """Nodes 1 .. len(values) - 1 by decreasing value, the lower index first among equals (the
+    sort is stable in reverse too)."""
+    return sorted(range(1, len(values)), key=values.__getitem__, reverse=True)
 
 
 def _chains(rates: Sequence[Sequence[float]]) -> List[List[float]]:

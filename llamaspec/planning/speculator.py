@@ -135,7 +135,7 @@ class Speculator:
             if constraint is None:
                 return cand
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
-        rate_of = estimate or (lambda c: [self.model.rate(c.source, e) for e in c.evidence])
+        rate_of = estimate or (lambda c: self.model.chain(c.source, c.evidence))
         limits = replace(limits, length=len(tokens))
         self._plain, self._sunk = self.planner.plain_cost(limits), 0.0
         if not self.planner.fixed and not self.gate.ask(self._plain):

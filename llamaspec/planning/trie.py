@@ -60,21 +60,21 @@ class Trie:
 
     def add(self, index: int, cand: Candidate, length: int) -> None:
         node = 0
-        for pos in range(length):
-            token = cand.tokens[pos]
-            child = self.children[node].get(token)
+        children, support, q = self.children, self.support, cand.q  # planning builds a trie or two a step
+        for pos, token in enumerate(cand.tokens[:length]):
+            child = children[node].get(token)
             if child is None:
                 child = len(self.token)
                 self.token.append(token)
                 self.parent.append(node)
                 self.depth.append(self.depth[node] + 1)
-                self.children.append({})
+                children.append({})
                 self.q.append(None)
-                self.support.append([])
-                self.children[node][token] = child
-            if cand.q is not None:
-                self.q[child] = cand.q[pos]
-            self.support[child].append((index, pos))
+                support.append([])
+                children[node][token] = child
+            if q is not None:
+                self.q[child] = q[pos]
+            support[child].append((index, pos))
             node = child
 
     def path(self, node: int) -> List[int]:

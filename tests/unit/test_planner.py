@@ -2,6 +2,7 @@
 model) and on one measured on an H200 (tests/data/gpu_curve.json, by scripts/gpu_check.sh)."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -207,7 +208,7 @@ def test_calibration_follows_what_verified_steps_accepted():
 class Unbounded(Planner):
     """A planner that always builds and scans the trie (no bound)."""
 
-    def _may_pay(self, rates, window, limits):
+    def _may_pay(self, rates, window, limits, added):
         return True
 
 
@@ -252,3 +253,26 @@ def test_a_token_estimated_below_the_cheapest_row_is_not_worth_one():
     at_one = Limits(max_depth=8, max_rows=8, room=100, shape=1, switch=3.0)
     own = Planner(CostModel(H200)).stop_below(Limits(max_depth=8, max_rows=8, room=100))
     assert Planner(CostModel(H200)).stop_below(at_one) == pytest.approx(own) and own < 0.1
+
+
+def test_row_costs_kept_between_steps_are_the_cost_model_s():
+    """The planner keeps what n rows add from step to step; what it keeps is what it would compute
+    afresh: after the cost model recomputes its verify costs (decodes measured slower), behind a
+    longer text (another length step), and with rows of other sequences in the decode."""
+    deep = CostCurve([float(c) for c in np.interp(np.arange(1, 33), [1, 32], [1, 8])], 30.0, 2, "cpu",
+                     deep=[float(c) for c in np.interp(np.arange(1, 33), [1, 32], [1, 4])], deep_ms_per_token=60.0,
+                     deep_context=4096)
+    costs = CostModel(deep)
+    planner = Planner(costs)
+    short = Limits(max_depth=8, max_rows=16, room=1000, length=100)
+    seen = [planner._added(short, 6)]  # a step before
+    for limits in (short, replace(short, base_rows=2), replace(short, length=3000)):
+        kept = planner._added(limits, 6)
+        assert kept == Planner(costs)._added(limits, 6)
+        seen.append(kept)
+    for _ in range(CostModel.REFRESH):  # 6 rows three times slower than measured, one row as measured
+        costs.observe(CostModel.TARGET, 6, 3 * deep.ms(6, 100) / 1000, 100)
+        costs.observe(CostModel.TARGET, 1, deep.ms(1, 100) / 1000, 100)
+    slower = planner._added(short, 6)
+    assert slower == Planner(costs)._added(short, 6) and slower > seen[0]
+    assert len(set(seen)) == 3  # the three differ
