@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from llamaspec.sources.heads import Heads
+from llamaspec.sources.heads import Heads, one_thread
 
 
 def best_ms(step: Callable[[], None], steps: int = 200, repeats: int = 5) -> float:
@@ -49,12 +49,13 @@ def main() -> None:
     logits = rng.normal(0, 1, args.vocab).astype(np.float32)
 
     def step(drafter, from_logits=False):  # type: ignore[no-untyped-def]
-        def run() -> None:
-            at = drafter.start(h, logits[drafter.tokens] if from_logits else drafter.base(h))
-            token = 5
-            for _ in range(k):
-                at = drafter.head(at, token)
-                token = int(drafter.tokens[at.logits.argmax()])
+        def run() -> None:  # as the heads' source runs them: on one thread
+            with one_thread():
+                at = drafter.start(h, logits[drafter.tokens] if from_logits else drafter.base(h))
+                token = 5
+                for _ in range(k):
+                    at = drafter.head(at, token)
+                    token = int(drafter.tokens[at.logits.argmax()])
         return run
 
     print(f"{k} heads, d {d}, N {n}: ms a step, best of 5 x 200 steps")

@@ -100,8 +100,10 @@ def _blas() -> Any:
     return ThreadpoolController()
 
 
-def _one_thread() -> Any:
-    """numpy's BLAS on one thread while the block runs."""
+def one_thread() -> Any:
+    """numpy's BLAS on one thread while the heads run (entered once a step: about 20 us each
+    time). OpenBLAS's other threads would spin on after a product, taking the cores from
+    llama.cpp's next decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
     return _blas().limit(limits=1, user_api="blas")
 
 
@@ -232,8 +234,7 @@ class Drafter:
     from V^z h (an r x d product) and E_N h (``base``; in a run the target's own logits on the
     map, which its decode computed: ``HeadsSource``), all computed once when the heads load. A
     head then reads (N + r) x r floats, the same weights for every head (the second and third
-    find them in the cache). On one thread: OpenBLAS's other threads would spin on, taking the
-    cores from llama.cpp's next decode (measured: SmolLM2's single decodes 5.5 ms -> 11 ms)."""
+    find them in the cache). Its callers run it on one thread (``one_thread``)."""
 
     w: np.ndarray  # (r, d): V^z
     b: np.ndarray  # (r,): c
@@ -250,8 +251,7 @@ class Drafter:
 
     def base(self, h: np.ndarray) -> np.ndarray:
         """E_N h (N,): what every head's logits start from, for hidden state h (d,)."""
-        with _one_thread():
-            return self.out @ h
+        return self.out @ h
 
     def is_base(self, h: np.ndarray, row: np.ndarray) -> bool:
         """Whether ``row``, the target's logits on the map at hidden state h, are E_N h: apart by
@@ -261,16 +261,14 @@ class Drafter:
 
     def start(self, h: np.ndarray, base: np.ndarray) -> At:
         """Before the first head: z_0 = h, whose E_N h is ``base``."""
-        with _one_thread():
-            return At(self.w @ h, base)
+        return At(self.w @ h, base)
 
     def head(self, at: At, token: int) -> At:
         """The next head, reading ``token`` (the pending one, then the one guessed before it):
         its logits over the map are the result's ``logits``."""
         i, on_map = map_index(self.tokens, token)
-        with _one_thread():
-            g = silu(at.v_z + self.b + (self.table[i] if on_map else 0.0))
-            return At(at.v_z + self.w_u @ g, at.logits + self.out_u @ g)
+        g = silu(at.v_z + self.b + (self.table[i] if on_map else 0.0))
+        return At(at.v_z + self.w_u @ g, at.logits + self.out_u @ g)
 
 
 def cached_path(model_path: Path, cache: Path) -> Path:
@@ -321,10 +319,14 @@ class HeadsSource(Source):
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         n, h, logits = self.at
-        if h is None or n != len(tokens):
+        if h is None or n != len(tokens) or budget.max_len < 1:
             return Proposal()
+        with one_thread():
+            return self._propose(tokens[-1], h, logits, budget)
+
+    def _propose(self, pending: int, h: np.ndarray, logits: Optional[np.ndarray], budget: Budget) -> Proposal:
         at: Optional[At] = None  # where the block stands, once the first head is asked
-        read = tokens[-1]  # the token the next head reads: the pending one, then the best guess
+        read = pending  # the token the next head reads: the pending one, then the best guess
         guesses = []  # per head: (token, evidence, estimated acceptance) of its best RANKS, best first
         best = 1.0  # the estimate of the best path so far: no token deeper is estimated higher
         for k in range(1, min(self.heads.k, budget.max_len) + 1):
