@@ -349,7 +349,7 @@ class Engine:
         room = ln.limit - len(ln.tokens)
         return Limits(max_depth=min(ln.left - 1, room), max_rows=min(self.target.n_batch - committed + 1, room + 1),
                       room=room, max_leaves=min(self.max_leaves, n_free + 1), base_rows=committed - 1,
-                      shape=self.shape.kept, switch=self.shape.switch)
+                      length=len(ln.tokens), shape=self.shape.kept, switch=self.shape.switch)
 
     def _pad(self, rows: List[Tuple[int, int, Tuple[int, ...], bool]], free: List[int], used: List[int],
              verify: Callable[[int], float]) -> None:

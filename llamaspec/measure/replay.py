@@ -102,7 +102,7 @@ def replay(prompt: Sequence[int], answer: Sequence[int], speculator: Speculator,
     shape = Shape(costs.switch)  # the decodes' shapes, as the engine keeps them (planning/shape.py)
     while pos < len(answer):
         limits = Limits(max_depth=len(answer) - pos - 1, max_rows=max_rows, room=0, max_leaves=max_leaves,
-                        shape=shape.kept, switch=shape.switch)
+                        length=len(tokens), shape=shape.kept, switch=shape.switch)
         t0 = time.perf_counter()
         plan = speculator.plan(tokens, limits, greedy, rng, estimate=_knows(answer, pos) if perfect else None)
         planned = time.perf_counter() - t0

@@ -136,7 +136,7 @@ class Speculator:
                 return cand
             return _cut(cand, constraint.valid(cand.tokens) + (cand.q is not None))
         rate_of = estimate or (lambda c: self.model.chain(c.source, c.evidence))
-        limits = replace(limits, length=len(tokens))
+        limits = _at_length(limits, len(tokens))
         self._plain, self._sunk = self.planner.plain_cost(limits), 0.0
         if not self.planner.fixed and not self.gate.ask(self._plain):
             return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
@@ -190,10 +190,14 @@ class Speculator:
         """What to verify, from what ``asked``'s sources proposed and what its expensive sources
         drafted (each drafting's proposal and the seconds it is charged, see rounds.py).
         ``limits``: the step's, now that the lanes planned before took their rows."""
-        limits = replace(limits, length=len(asked.tokens))
+        limits = _at_length(limits, len(asked.tokens))
         if limits != asked.limits:  # the gate weighs this step's cost against a plain one's under the same limits
             self._plain = self.planner.plain_cost(limits)
             self.gate.plain(self._plain)
+        if not asked.asked and not drafted and not self.planner.fixed:  # a plain step (see Gate)
+            choice = Choice((), False, 1.0, self._plain, 1.0)
+            return Plan(trie=Trie(asked.tokens[-1]), candidates=(), lengths=(), window=None, choice=choice,
+                        asked=False)
         candidates, rates = list(asked.candidates), list(asked.rates)
         sunk = 0.0
         for (source, _), (proposal, _) in zip(asked.drafting, drafted):
@@ -245,6 +249,11 @@ def _share(outcome: Outcome, name: str) -> float:
     mine, theirs = nodes(True), nodes(False)
     rows = len(mine | theirs) + len(outcome.window_tokens or ())
     return len(mine - theirs) / rows if rows else 0.0
+
+
+def _at_length(limits: Limits, length: int) -> Limits:
+    """``limits`` behind a text of ``length`` tokens (the limits themselves where they say so)."""
+    return limits if limits.length == length else replace(limits, length=length)
 
 
 def _after_forced(lead: Sequence[int], cand: Candidate) -> Candidate:
