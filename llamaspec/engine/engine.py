@@ -54,7 +54,7 @@ there removed (``walk``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -445,12 +445,12 @@ class Engine:
             ln.cached += accepted
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
-        outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan)
-        if hidden is not None:  # copies: the decode's buffers are reused by the next one
-            last = path[-1] if path else 0
-            outcome = replace(outcome, hidden=np.array(hidden[last]), logits=np.array(logits[last]))
+        last = path[-1] if path else 0  # the row of the target's own token
+        outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan, logprobs, halt,
+                               # copies: the decode's buffers are reused by the next one
+                               (np.array(hidden[last]), np.array(logits[last])) if hidden is not None else None)
         ln.speculator.learn(outcome)
-        return replace(step, logprobs=logprobs, halt=halt)
+        return step
 
     def _trim(self, lanes: Sequence[Lane]) -> None:
         # A lane's home, and its sources' caches (a draft model's sequence), must hold a prefix of
@@ -479,19 +479,23 @@ def halted(stopping: Optional[Criterion], text: Sequence[int], new: Sequence[int
 
 
 def settle(plan: Plan, path: Sequence[int], token: int, window_tokens: Optional[Tuple[int, ...]],
-           tokens: Sequence[int], t_plan: float) -> Tuple[Outcome, Step]:
+           tokens: Sequence[int], t_plan: float, logprobs: Tuple[TokenLogprob, ...] = (), halt: Optional[int] = None,
+           read: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Tuple[Outcome, Step]:
     """What a verified step showed (for learning) and what it emitted (for the caller).
     ``tokens``: the text after the step; its cost is the plan's: what its rows (and drafting)
-    add to the decode, in single-token decodes."""
+    add to the decode, in single-token decodes. ``logprobs`` and ``halt``: the step's (see
+    Step); ``read``: the hidden state and the logits of the row of the target's own token, where
+    the decode output hidden states."""
     trie, candidates = plan.trie, plan.candidates
     accepted = [trie.token[v] for v in path]
     path_sources = tuple(trie.sources(v, candidates) for v in path)
     outcome = Outcome(tokens=tokens, candidates=candidates, verified=plan.lengths, emitted=tuple(accepted + [token]),
                       path_sources=path_sources, window_tokens=window_tokens, cost=plan.choice.cost,
-                      estimated=plan.choice.estimated, seconds=t_plan - plan.t_draft)
+                      estimated=plan.choice.estimated, seconds=t_plan - plan.t_draft,
+                      hidden=read[0] if read is not None else None, logits=read[1] if read is not None else None)
     drafted = trie.drafted(candidates)
     branches = sum(1 for v in range(1, len(trie)) if not trie.children[v])
     step = Step(tokens=accepted + [token], n_drafted=len(trie) - 1, drafted=drafted, path_sources=path_sources,
                 depth=max(trie.depth), t_plan=t_plan, t_draft=plan.t_draft, idle=plan.idle, branches=branches,
-                asked=plan.asked)
+                logprobs=logprobs, asked=plan.asked, halt=halt)
     return outcome, step
