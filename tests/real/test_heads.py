@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import llamaspec
+from llamaspec.llama import models
 from llamaspec.llama.binding import Model
 from llamaspec.sources.heads import Heads, HeadsError, cached_path
 from llamaspec.training.data import output_rows
@@ -37,11 +38,17 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     """Trained into a cache directory by default, the heads are found there for that model with no
     flag (auto asks them), and their report says that one file leaves no text to measure them on. Whether the
     planner verifies what heads trained on 1024 tokens propose is its call by this machine's costs
-    (CI's machine verified none); that they draft and keep the text: tests/real/test_sources.py."""
-    model = tmp_path / "models" / "smol.gguf"
+    (CI's machine verified none); that they draft and keep the text: tests/real/test_sources.py.
+    Both caches start with the suite's cost curves (keyed by file name and size: the copy keeps its
+    name), so no load measures SmolLM2 again (a first measurement: tests/real/test_robustness.py)."""
+    model = tmp_path / "models" / model_file(SMOL).name
     model.parent.mkdir()
     shutil.copy(model_file(SMOL), model)
     cache = tmp_path / "cache"
+    for fresh in (cache, tmp_path / "empty"):  # no heads in either
+        fresh.mkdir()
+        if (models.cache_dir() / "costs.json").is_file():
+            shutil.copy(models.cache_dir() / "costs.json", fresh / "costs.json")
     trained = subprocess.run([sys.executable, "-m", "llamaspec", "heads", "train", "-m", str(model), "-f",
                               str(ROOT / "README.md"), "--tokens", "1024", "--heads", "2", "--cache-dir", str(cache),
                               "-t", str(THREADS)], capture_output=True, text=True, timeout=600)
@@ -51,7 +58,7 @@ def test_heads_train_from_the_command_line_is_found_beside_the_model(model_file,
     # one file: nothing held out, and the report says so rather than "top-1 0.000 on 0 rows"
     assert "no text held out" in trained.stderr and "head 1: top-1" not in trained.stderr
     heads = Heads.read(where)
-    assert heads.k == 2 and heads.meta["model"] == "smol.gguf" and 0 <= heads.meta["report"]["top1"][0] <= 1
+    assert heads.k == 2 and heads.meta["model"] == model.name and 0 <= heads.meta["report"]["top1"][0] <= 1
     assert np.allclose(heads.out, output_rows(model, heads.tokens), atol=2e-3)  # E_N kept: loading reads no GGUF
     spec = llamaspec.load(str(model), cache_dir=cache, n_threads=THREADS, progress=False)
     try:

@@ -130,6 +130,15 @@ def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_d
     surface = qwen_plain.create_completion(PROMPTS[2], max_tokens=48, temperature=0.8, seed=5, mirostat_mode=2,
                                            mirostat_tau=3.0)
     assert surface["choices"][0]["text"] == plain.text
+    n = len(prompt)  # the edit's prompt, still cached in both: the stopping criterion next
+
+    def twelve(input_ids, logits):
+        return len(input_ids) >= n + 12
+    cut = lookup.generate(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=twelve)
+    assert cut.stop_reason == "stop" and len(cut.tokens) == 12
+    assert_greedy_as(cut.tokens, qwen_plain.generate(PROMPTS[2], max_tokens=12, temperature=0, logprobs=2))
+    served = lookup.create_completion(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=[twelve])
+    assert served["choices"][0]["finish_reason"] == "stop" and served["usage"]["completion_tokens"] == 12
     story = dict(max_tokens=32, temperature=0.8, seed=5)  # a text with many choices: mirostat changes them
     assert (qwen_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)["choices"][0]
             ["text"] != qwen_plain.create_completion("Once upon a time", **story)["choices"][0]["text"])
@@ -142,15 +151,6 @@ def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_d
     unbanned = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0)
     changed = first_difference(biased.tokens, unbanned.tokens)
     assert 11 in unbanned.tokens and 11 not in banned.tokens and assert_greedy_as(banned.tokens, biased) > changed
-    n = len(prompt)
-
-    def twelve(input_ids, logits):
-        return len(input_ids) >= n + 12
-    cut = lookup.generate(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=twelve)
-    assert cut.stop_reason == "stop" and len(cut.tokens) == 12
-    assert_greedy_as(cut.tokens, qwen_plain.generate(PROMPTS[2], max_tokens=12, temperature=0, logprobs=2))
-    served = lookup.create_completion(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=[twelve])
-    assert served["choices"][0]["finish_reason"] == "stop" and served["usage"]["completion_tokens"] == 12
 
 
 def assert_body(middle: str, context: str = "") -> None:

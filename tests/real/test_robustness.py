@@ -73,10 +73,16 @@ def test_a_closed_object_refuses_every_call(make_spec):
 
 
 def test_a_chat_longer_than_the_context_drops_its_oldest_turns_and_goes_on(make_spec):
+    """Asked not to trim, a chat past the context is one clear error; trimmed, it drops its oldest
+    turns and answers, and the next turn is answered too (the chat ends there)."""
     spec = make_spec(SMOL, spec="none", n_ctx=512)
     messages = [{"role": "system", "content": "You are a storyteller."}]
-    dropped = 0
+    dropped, after = 0, 0
     for i in range(12):  # about 80 tokens a turn: past the 512 by the seventh
+        if dropped:
+            after += 1
+            if after > 1:  # the turn that first dropped, and the next, answered
+                break
         messages.append({"role": "user", "content": f"Continue the story, part {i + 1}."})
         try:
             result = spec.chat(messages, trim=False, max_tokens=64, temperature=0)
@@ -90,7 +96,7 @@ def test_a_chat_longer_than_the_context_drops_its_oldest_turns_and_goes_on(make_
             messages = messages[:1] + messages[starts[result.dropped_turns]:]
         messages.append({"role": "assistant", "content": result.text})
         assert messages[0]["role"] == "system" and result.text
-    assert dropped > 0  # the conversation went on past the context, losing only its oldest turns
+    assert dropped > 0 and after > 1  # it went on past the context, losing only its oldest turns
 
 
 def test_a_reply_that_fills_the_context_says_so(make_spec):
