@@ -148,7 +148,8 @@ class CostModel:
         which learns its own timings)."""
         return CostModel(self.curves[self.TARGET], {n: c for n, c in self.curves.items() if n != self.TARGET})
 
-    def _step(self, length: Optional[int]) -> Optional[int]:
+    def length_step(self, length: Optional[int]) -> Optional[int]:
+        """The length step costs are computed at for a text of ``length`` tokens."""
         return None if length is None else length // self.LENGTH_STEP * self.LENGTH_STEP
 
     def ms(self, name: str, n: int, length: Optional[int] = None) -> float:
@@ -160,12 +161,12 @@ class CostModel:
         drift = s_all / w_all if w_all else 1.0
         s, w = self._size.get((name, n), (0.0, 0.0))
         ratio = (s + self.PULL * drift) / (w + self.PULL)
-        step = self._step(length)
+        step = self.length_step(length)
         return curve.ms(n, step) * ratio if curve.ms_per_token > 0 else curve.cost(n, step) * ratio
 
     def verify(self, n: int, length: Optional[int] = None) -> float:
         """Cost of one target decode of n rows, relative to one row."""
-        step = self._step(length)
+        step = self.length_step(length)
         if step != self._verify_at:
             self._verify_at = step
             self._verify.clear()
@@ -208,7 +209,7 @@ class CostModel:
         curve = self.curves.get(name)
         if curve is None or curve.ms_per_token <= 0 or seconds <= 0:
             return
-        r = 1000 * seconds / curve.ms(n, self._step(length))
+        r = 1000 * seconds / curve.ms(n, self.length_step(length))
         if name == self.TARGET:
             self._observed += 1
             if self._observed % self.REFRESH == 0:

@@ -273,8 +273,7 @@ class Planner:
         if self._epoch != self.costs.epoch:
             self._epoch = self.costs.epoch
             self._known.clear()
-        length = limits.length // CostModel.LENGTH_STEP if limits.length is not None else None
-        key = (rows, limits.base_rows, limits.shape, limits.switch, length)
+        key = (rows, limits.base_rows, limits.shape, limits.switch, self.costs.length_step(limits.length))
         cost = self._known.get(key)
         if cost is None:
             base = limits.base_rows
