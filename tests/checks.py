@@ -22,9 +22,7 @@ from llamaspec.engine.generation import make_config
 from llamaspec.engine.scheduler import Request
 from llamaspec.sampling import Uniforms, sample_at, transform
 
-from conftest import chatml
-
-NEAR_TIE = 0.5
+from conftest import NEAR_TIE, chatml
 
 
 N_TOKENS = 128
@@ -32,13 +30,15 @@ MIN_WHOLE = 16  # tokens at least of a plain answer that ends before the n compa
 # between CPUs: on an AVX2-only EPYC SmolLM2's answers to two test prompts end at 22 and 32 tokens)
 
 
-def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKENS, near_tie=NEAR_TIE):
+def check_greedy(ref, prompt_tokens, plain_tokens, spec_tokens, label, n=N_TOKENS, near_tie=None):
     """Return (tokens compared, near-tie differences); fail on any other difference.
 
     Where the speculative output leaves the plain one, every speculative token is checked
     against a one-token-at-a-time evaluation of its own prefix. A plain answer that ends before
     n tokens is compared whole (at least MIN_WHOLE tokens), and the speculative one must be as long.
+    ``near_tie``: the reference's own unless given.
     """
+    near_tie = ref.near_tie if near_tie is None else near_tie
     need = n if len(plain_tokens) >= n else MIN_WHOLE  # a plain answer that ended sooner is compared whole
     assert len(plain_tokens) >= need, f"prompt must yield {need} tokens"
     assert len(spec_tokens) >= min(n, len(plain_tokens)), f"{label}: {len(spec_tokens)} tokens, plain gave more"
@@ -108,13 +108,13 @@ JSON_PROMPT = chatml("Return a JSON list of 3 fictional people, each with name, 
 
 def assert_as_alone(ref, prompt, tokens, expected, label=""):
     """``tokens`` equal ``expected`` (plain greedy), or leave them first where the top-1/top-2 logit
-    gap of a one-token-at-a-time evaluation is below NEAR_TIE."""
+    gap of a one-token-at-a-time evaluation is below the model's near-tie (``ref.near_tie``)."""
     first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
     if first is None:
         assert tokens == expected, label
         return
     _, gap = ref.top2(prompt, tokens[:first + 1])
-    assert gap[first] < NEAR_TIE, f"{label} token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
+    assert gap[first] < ref.near_tie, f"{label} token {first}: {tokens[first]} against {expected[first]} (gap {gap[first]:.3f})"
 
 
 def assert_sampled_as_alone(ref, prompt, tokens, expected, sampling: SamplingConfig, seed: int, label=""):
@@ -126,7 +126,7 @@ def assert_sampled_as_alone(ref, prompt, tokens, expected, sampling: SamplingCon
         return
     row = ref.row_after(prompt, expected[:first])
     u = Uniforms(seed)(len(prompt) + first)
-    assert sampled_near_tie(row, sampling, u, tokens[first], expected[first]), \
+    assert sampled_near_tie(row, sampling, u, tokens[first], expected[first], ref.near_tie), \
         f"{label} token {first}: {tokens[first]} against {expected[first]} (u {u:.4f})"
 
 
@@ -192,9 +192,10 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
-def sampled_near_tie(row: np.ndarray, sampling: SamplingConfig, u: float, a: int, b: int) -> bool:
+def sampled_near_tie(row: np.ndarray, sampling: SamplingConfig, u: float, a: int, b: int,
+                     near_tie: float = NEAR_TIE) -> bool:
     """Whether the draw at uniform ``u`` gives ``a`` for some logits and ``b`` for others, each
-    within NEAR_TIE / 2 of ``row`` (so any two logits' gap moved by less than NEAR_TIE, as a greedy
+    within ``near_tie`` / 2 of ``row`` (so any two logits' gap moved by less than ``near_tie``, as a greedy
     near-tie allows): the sampled analogue of a near-tie, which a batch of another size may flip.
 
     For each token, two families of moves are tried: lower the logits the sampler orders before
@@ -209,7 +210,7 @@ def sampled_near_tie(row: np.ndarray, sampling: SamplingConfig, u: float, a: int
         else:
             blocks = (order,)
         for before in blocks:
-            for s in np.linspace(0.0, NEAR_TIE / 2, 11):
+            for s in np.linspace(0.0, near_tie / 2, 11):
                 moved = row + np.float32(s)
                 moved[before] = row[before] - np.float32(s)
                 for shifted in (moved, 2 * row - moved):  # slide down, slide up

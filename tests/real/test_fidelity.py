@@ -21,7 +21,7 @@ from llamaspec.sampling import shape
 from llamaspec.measure.compare import default_bin_dir, find_program, generated_text
 
 from conftest import PROMPTS, QWEN, ROOT, SMOL, THREADS, chatml
-from checks import NEAR_TIE, N_TOKENS
+from checks import N_TOKENS
 
 
 N = N_TOKENS  # the greedy tests' length: plain decoding of a prompt is shared with them (plain_greedy)
@@ -124,4 +124,4 @@ def test_penalties_and_biases_are_llama_completion_s(smol_plain, smol_lookup, mo
         text = tokens + plain.tokens[:k]
         row = shape(reference(SMOL).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
         top = np.sort(row)[-2:]
-        assert top[1] - top[0] < NEAR_TIE, f"token {k} differs (gap {top[1] - top[0]:.3f})"
+        assert top[1] - top[0] < reference(SMOL).near_tie, f"token {k} differs (gap {top[1] - top[0]:.3f})"

@@ -26,7 +26,6 @@ from llamaspec.sources.draft_model import DraftModelSource
 from llamaspec.sources import grammar as grammar_source
 
 from conftest import SMOL, THREADS
-from checks import NEAR_TIE
 from fakes import GREEDY
 
 
@@ -105,7 +104,7 @@ def test_greedy_constrained_text_is_plain_constrained_decoding_s(module_spec, re
             k = next(i for i, (x, y) in enumerate(zip(ours + [-1], theirs + [-1])) if x != y)
             ref = reference(name)
             gap = constrained_gap(grammar_vocabulary(ref.model), ref, prompt, theirs, k, PERSON)
-            assert gap < NEAR_TIE, f"{person!r}: token {k} differs (gap {gap:.3f})"
+            assert gap < ref.near_tie, f"{person!r}: token {k} differs (gap {gap:.3f})"
 
 
 @pytest.mark.slow
@@ -137,7 +136,7 @@ def test_the_draft_model_follows_the_schema_through_its_forced_tokens(module_spe
             k = next(j for j, (x, y) in enumerate(zip(ours.tokens + [-1], theirs + [-1])) if x != y)
             ref = reference(SMOL)
             gap = constrained_gap(grammar_vocabulary(ref.model), ref, prompt, theirs, k, PERSON)
-            assert gap < NEAR_TIE, f"{person!r}: token {k} differs (gap {gap:.3f})"
+            assert gap < ref.near_tie, f"{person!r}: token {k} differs (gap {gap:.3f})"
         sampled = [pair.generate(prompt, max_tokens=160, temperature=0.9, seed=i, json_schema=PERSON)]
         if i == 0:
             sampled += pair.samples(prompt, 3, max_tokens=160, temperature=0.9, seed=7, json_schema=PERSON)
@@ -188,7 +187,7 @@ def test_llama_completion_with_the_same_json_schema_gives_the_same_text(module_s
             ref = reference(name)
             k = first_departure(ref, ours.tokens, theirs)
             gap = constrained_gap(grammar_vocabulary(ref.model), ref, spec.tokenize(prompt), ours.tokens, k, schema)
-            assert gap < NEAR_TIE, f"{key}: llama-completion differs at token {k} (gap {gap:.3f}):\n{ours.text!r}\n{theirs!r}"
+            assert gap < ref.near_tie, f"{key}: llama-completion differs at token {k} (gap {gap:.3f}):\n{ours.text!r}\n{theirs!r}"
 
 
 def test_python_surfaces_take_llama_cpp_python_s_and_openai_s_forms(smol_auto, qwen_plain):

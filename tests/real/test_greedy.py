@@ -5,7 +5,8 @@ quantization types that are not batch-invariant (SmolLM2's Q4_1: 5 of 160 positi
 between batches of 1 and 8 on the reference machine, at logit gaps of 0.02 to 0.23) the two
 may pick different tokens where the top two logits nearly tie. So every speculative token
 is checked against a one-token-at-a-time evaluation of the same prefix, and a difference is
-allowed only where that evaluation's top-1/top-2 logit gap is below NEAR_TIE.
+allowed only where that evaluation's top-1/top-2 logit gap is below the model's near-tie
+(conftest.NEAR_TIES).
 """
 
 from __future__ import annotations

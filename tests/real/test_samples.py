@@ -78,7 +78,7 @@ def test_samples_kv_invariant_every_step_and_equal_to_single_runs(smol_spec, ref
 
 def test_prompts_that_differ_decode_together_as_alone(smol_spec, reference):
     """Greedy text decoded beside other sequences equals the text decoded alone, or leaves it
-    where the top-1/top-2 logit gap is below NEAR_TIE (batches of other sizes round differently)."""
+    where the top-1/top-2 logit gap is below the model's near-tie (batches of other sizes round differently)."""
     prompts = [smol_spec.tokenize(p) for p in PROMPTS]
     alone = [smol_spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts]
     smol_spec.reset()

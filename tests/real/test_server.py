@@ -17,8 +17,8 @@ import psutil
 import pytest
 from openai import APIStatusError
 
-from conftest import QWEN, SMOL, THREADS, assert_one_line_error, run
-from checks import NEAR_TIE, Server, WEATHER
+from conftest import QWEN, SMOL, THREADS, assert_one_line_error, near_tie, run
+from checks import Server, WEATHER
 
 
 PROMPTS = ["Once upon a time", "def fibonacci(n):", "The capital of France", "import numpy as np",
@@ -112,14 +112,14 @@ def parallel_server(smol):
 
 def assert_text_as_alone(ref, prompt: str, text: str, n: int) -> None:
     """``text`` is plain greedy decoding's, or leaves it first at a token whose top-1/top-2 logit
-    gap is below NEAR_TIE (a batch of other rows rounds differently). Only the text is known: where
+    gap is below the model's near-tie (a batch of other rows rounds differently). Only the text is known: where
     it departs at token k, its own token there may have been a longer one that begins with token
     k-1's text (' Output' where plain chose ' ', then '\n'), so the departure is at k-1 or k."""
     tokens, gaps = ref.greedy(ref.model.tokenize(prompt, add_special=True, parse_special=True), n)
     for k in range(len(tokens)):
         if not text.startswith(ref.model.detokenize(tokens[:k + 1])):
             gap = min(gaps[max(k - 1, 0):k + 1])
-            assert gap < NEAR_TIE, f"{prompt!r}: token {k} leaves plain greedy (gap {gap:.3f}): {text!r}"
+            assert gap < ref.near_tie, f"{prompt!r}: token {k} leaves plain greedy (gap {gap:.3f}): {text!r}"
             return
     assert text == ref.model.detokenize(tokens), prompt
 
@@ -287,7 +287,7 @@ def assert_same_or_near_tie(a, b) -> None:
     ta, tb = a.logprobs.tokens, b.logprobs.tokens
     k = next(i for i, (x, y) in enumerate(zip(ta + [None], tb + [None])) if x != y)
     top = a.logprobs.top_logprobs[k]
-    assert tb[k] in top and top[ta[k]] - top[tb[k]] < NEAR_TIE, (k, ta[k], tb[k], top)
+    assert tb[k] in top and top[ta[k]] - top[tb[k]] < near_tie(SMOL), (k, ta[k], tb[k], top)
 
 
 def test_a_client_gone_mid_stream_stops_its_generation_and_the_next_request_is_right(server):
