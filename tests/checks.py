@@ -192,6 +192,9 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
+STEP = 0.025  # the moves sampled_near_tie tries, apart by this much: a token may be reached in a narrow range of them
+
+
 def sampled_near_tie(row: np.ndarray, sampling: SamplingConfig, u: float, a: int, b: int,
                      near_tie: float = NEAR_TIE) -> bool:
     """Whether the draw at uniform ``u`` gives ``a`` for some logits and ``b`` for others, each
@@ -210,7 +213,7 @@ def sampled_near_tie(row: np.ndarray, sampling: SamplingConfig, u: float, a: int
         else:
             blocks = (order,)
         for before in blocks:
-            for s in np.linspace(0.0, near_tie / 2, 11):
+            for s in np.linspace(0.0, near_tie / 2, 1 + round(near_tie / 2 / STEP)):
                 moved = row + np.float32(s)
                 moved[before] = row[before] - np.float32(s)
                 for shifted in (moved, 2 * row - moved):  # slide down, slide up
