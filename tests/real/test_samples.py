@@ -36,6 +36,8 @@ def test_a_sampled_near_tie_is_only_a_near_tie():
     assert not sampled_near_tie(row, sampling, 0.95, 3, 7)  # it would take a gap of 2.4
     assert not sampled_near_tie(row, sampling, 0.3, 3, 7)
     assert not sampled_near_tie(row, sampling, 0.758, 3, 11)  # token 11 is far out of reach
+    row[5] = -1.0  # below min_p at rest: the draw at 0.98 reaches it for a narrow range of the moves a
+    assert sampled_near_tie(row, sampling, 0.98, 3, 5, near_tie=2.0)  # bound of 2.0 allows (missed 0.1 apart)
 
 
 def lanes_of(spec, n_lanes: int) -> Engine:
