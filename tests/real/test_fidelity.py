@@ -122,6 +122,7 @@ def test_penalties_and_biases_are_llama_completion_s(smol_plain, smol_lookup, mo
         k = next(i for i, (x, y) in enumerate(zip(spec.tokens + [-1], plain.tokens + [-1])) if x != y)
         tokens = smol_plain.tokenize(prompt)
         text = tokens + plain.tokens[:k]
-        row = shape(reference(SMOL).row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
+        ref = reference(SMOL)
+        row = shape(ref.row_after(tokens, plain.tokens[:k]), make_config(**SHAPING).sampling, text)
         top = np.sort(row)[-2:]
-        assert top[1] - top[0] < reference(SMOL).near_tie, f"token {k} differs (gap {top[1] - top[0]:.3f})"
+        assert top[1] - top[0] < ref.near_tie, f"token {k} differs (gap {top[1] - top[0]:.3f})"
