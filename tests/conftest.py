@@ -152,6 +152,19 @@ def qwen_auto(module_spec) -> LlamaSpec:
     return module_spec(QWEN, QWEN_DRAFT)
 
 
+@pytest.fixture(scope="module")
+def qwen_small_plain(module_spec) -> LlamaSpec:
+    """Qwen2.5-Coder-0.5B: Qwen's template (tools) and fill-in-the-middle tokens, at a third of the
+    1.5B's time, for tests of what requests ask rather than of the default pair."""
+    return module_spec(QWEN_DRAFT, spec="none")
+
+
+@pytest.fixture(scope="module")
+def qwen_small_auto(module_spec) -> LlamaSpec:
+    """The 0.5B with every source it can run alone (no draft model: it is the smallest Qwen)."""
+    return module_spec(QWEN_DRAFT)
+
+
 @pytest.fixture(scope="session")
 def plain_greedy():
     """Plain greedy decoding's result, each (model, prompt, length) decoded once for the whole

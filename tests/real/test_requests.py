@@ -1,8 +1,9 @@
 """What editors, agents and evaluation scripts send, on real models: log-probabilities equal to
 plain decoding's, penalties and logit biases through every surface, fill-in-the-middle on
 Qwen2.5-Coder (Python, /v1/completions with a suffix, llama-server's /infill), echo, and the
-arguments still refused, by name. (Penalties against llama-completion: test_fidelity_real.py;
-exactness on fake models: test_engine.py.)"""
+arguments still refused, by name, on Qwen2.5-Coder-0.5B (the 1.5B for the server's /infill).
+(Penalties against llama-completion: tests/real/test_fidelity.py; exactness on fake models:
+tests/unit/test_engine.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from llamaspec.config import SamplingConfig
 from llamaspec.errors import ConfigError
 from llamaspec.sampling import Mirostat, Uniforms, sample_at
 
-from conftest import QWEN, THREADS, PROMPTS, assert_one_line_error, run
+from conftest import QWEN, QWEN_DRAFT, THREADS, PROMPTS, assert_one_line_error, run
 from checks import NEAR_TIE, Server
 
 
@@ -25,14 +26,14 @@ TAIL = "\n\n\nprint(median([3, 1, 2]))\n"
 
 
 @pytest.mark.parametrize("shaping", [{}, dict(repeat_penalty=1.2, frequency_penalty=0.1)], ids=["plain", "penalized"])
-def test_log_probabilities_under_speculation_are_plain_decoding_s(qwen_plain, module_spec, shaping):
+def test_log_probabilities_under_speculation_are_plain_decoding_s(qwen_small_plain, module_spec, shaping):
     """The copy-heavy edit (most tokens come from accepted drafts): each token's log-probability
     and its 5 best, from the rows verification evaluated, as plain decoding's. A row computed in
     a batch is not bit for bit the row computed alone on a CPU (nor the cache it attends to): the
     chosen tokens' agree to 1e-3 at the median (5e-5 and 3e-4 measured) and 0.1 at worst (0.05); the
     alternatives' to the near-tie allowance of the greedy tests."""
-    plain = qwen_plain.generate(PROMPTS[2], max_tokens=64, temperature=0, logprobs=5, **shaping)
-    lookup = module_spec(QWEN, spec="lookup", fixed=("lookup",))  # verified every step, whatever it costs here
+    plain = qwen_small_plain.generate(PROMPTS[2], max_tokens=64, temperature=0, logprobs=5, **shaping)
+    lookup = module_spec(QWEN_DRAFT, spec="lookup", fixed=("lookup",))  # verified every step, whatever it costs here
     auto = lookup.generate(PROMPTS[2], max_tokens=64, temperature=0, logprobs=5, **shaping)
     assert auto.stats.n_accept >= 16  # tokens whose rows a verify batch computed
     same = next((k for k, (x, y) in enumerate(zip(auto.tokens, plain.tokens)) if x != y), len(plain.tokens))
@@ -48,37 +49,37 @@ def test_log_probabilities_under_speculation_are_plain_decoding_s(qwen_plain, mo
     assert all(lp.logprob <= 0 and len(lp.top) == 5 for lp in auto.logprobs)
 
 
-def test_openai_shapes_of_log_probabilities(qwen_auto):
-    chat = qwen_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
+def test_openai_shapes_of_log_probabilities(qwen_small_auto):
+    chat = qwen_small_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
                                             temperature=0, logprobs=True, top_logprobs=2)
     content = chat["choices"][0]["logprobs"]["content"]
     assert "".join(e["token"] for e in content) == chat["choices"][0]["message"]["content"]
     assert all(len(e["top_logprobs"]) == 2 and bytes(e["bytes"]).decode() == e["token"] for e in content)
-    streamed = list(qwen_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
+    streamed = list(qwen_small_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
                                                      temperature=0, logprobs=True, top_logprobs=2, stream=True))
     again = [e for c in streamed if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     assert [e["token"] for e in again] == [e["token"] for e in content]  # the prompt now cached: rows alike, not
     assert all(abs(a["logprob"] - b["logprob"]) < 0.1 for a, b in zip(again, content))  # bit for bit
-    text = qwen_auto.create_completion("The capital of France is", max_tokens=6, temperature=0, logprobs=3)
+    text = qwen_small_auto.create_completion("The capital of France is", max_tokens=6, temperature=0, logprobs=3)
     lp = text["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == text["choices"][0]["text"] and len(lp["top_logprobs"][0]) == 3
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
 
 
-def test_penalties_and_biases_through_the_python_surfaces(qwen_auto, qwen_plain):
+def test_penalties_and_biases_through_the_python_surfaces(qwen_small_auto, qwen_small_plain):
     """create_completion and create_chat_completion take llama-cpp-python's and OpenAI's names and
     give generate's text with the same settings; a bias on a token outside the vocabulary is an error.
     Both on plain decoding from a fresh context, whose rows are the same bit for bit: the names are
     checked here, exactly (speculation under penalties: test_fidelity, up to near-ties, as verify
     rows are not bit for bit single rows and auto's drafting follows the machine's timings)."""
     shaping = dict(repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2)
-    qwen_plain.reset()
-    ours = qwen_plain.create_completion(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={"11": -100}, **shaping)
-    qwen_plain.reset()
-    plain = qwen_plain.generate(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={11: -100}, **shaping)
+    qwen_small_plain.reset()
+    ours = qwen_small_plain.create_completion(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={"11": -100}, **shaping)
+    qwen_small_plain.reset()
+    plain = qwen_small_plain.generate(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={11: -100}, **shaping)
     assert ours["choices"][0]["text"] == plain.text and 11 not in plain.tokens
     with pytest.raises(ConfigError, match="logit_bias names token 999999, which is not in the vocabulary"):
-        qwen_auto.create_completion("hi", logit_bias={"999999": 1.0})
+        qwen_small_auto.create_completion("hi", logit_bias={"999999": 1.0})
 
 
 def first_difference(ours, theirs) -> int:
@@ -112,23 +113,23 @@ def assert_greedy_as(tokens, plain) -> int:
     return first
 
 
-def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_decoding_s(qwen_plain, module_spec,
+def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_decoding_s(qwen_small_plain, module_spec,
                                                                                           reference):
     """On the copy-heavy edit, lookup verified every step: mirostat 2 (mu carried down each
     verified path) samples with a seed what plain decoding samples; a logits processor that bans
     a token gives the text a logit bias banning it gives; a stopping criterion ends the text
     before the token it names, with finish reason "stop". (Each up to near-ties: a row of a
     verify batch is not bit for bit the row computed alone.)"""
-    lookup = module_spec(QWEN, spec="lookup", fixed=("lookup",))
+    lookup = module_spec(QWEN_DRAFT, spec="lookup", fixed=("lookup",))
     prompt = lookup.tokenize(PROMPTS[2])
     sampled = dict(max_tokens=48, temperature=1.0, seed=5, mirostat=2, mirostat_tau=3.0)
     ours = lookup.generate(PROMPTS[2], **sampled)
-    plain = qwen_plain.generate(PROMPTS[2], **sampled)
+    plain = qwen_small_plain.generate(PROMPTS[2], **sampled)
     assert ours.stats.n_accept > 8
-    assert_mirostat_as_alone(reference(QWEN), prompt, ours.tokens, plain.tokens,
+    assert_mirostat_as_alone(reference(QWEN_DRAFT), prompt, ours.tokens, plain.tokens,
                              SamplingConfig(temperature=1.0, mirostat=2, mirostat_tau=3.0), 5)
     # llama-cpp-python's arguments: no temperature before mirostat (0.8 only says "sample")
-    surface = qwen_plain.create_completion(PROMPTS[2], max_tokens=48, temperature=0.8, seed=5, mirostat_mode=2,
+    surface = qwen_small_plain.create_completion(PROMPTS[2], max_tokens=48, temperature=0.8, seed=5, mirostat_mode=2,
                                            mirostat_tau=3.0)
     assert surface["choices"][0]["text"] == plain.text
     n = len(prompt)  # the edit's prompt, still cached in both: the stopping criterion next
@@ -137,19 +138,19 @@ def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_d
         return len(input_ids) >= n + 12
     cut = lookup.generate(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=twelve)
     assert cut.stop_reason == "stop" and len(cut.tokens) == 12
-    assert_greedy_as(cut.tokens, qwen_plain.generate(PROMPTS[2], max_tokens=12, temperature=0, logprobs=2))
+    assert_greedy_as(cut.tokens, qwen_small_plain.generate(PROMPTS[2], max_tokens=12, temperature=0, logprobs=2))
     served = lookup.create_completion(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=[twelve])
     assert served["choices"][0]["finish_reason"] == "stop" and served["usage"]["completion_tokens"] == 12
     story = dict(max_tokens=32, temperature=0.8, seed=5)  # a text with many choices: mirostat changes them
-    assert (qwen_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)["choices"][0]
-            ["text"] != qwen_plain.create_completion("Once upon a time", **story)["choices"][0]["text"])
+    assert (qwen_small_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)["choices"][0]
+            ["text"] != qwen_small_plain.create_completion("Once upon a time", **story)["choices"][0]["text"])
 
     def ban(input_ids, scores):
         scores[11] = -np.inf  # ","
         return scores
     banned = lookup.generate(PROMPTS[0], max_tokens=24, temperature=0, logits_processor=[ban])
-    biased = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0, logit_bias={11: float("-inf")}, logprobs=2)
-    unbanned = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0)
+    biased = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0, logit_bias={11: float("-inf")}, logprobs=2)
+    unbanned = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0)
     changed = first_difference(biased.tokens, unbanned.tokens)
     assert 11 in unbanned.tokens and 11 not in banned.tokens and assert_greedy_as(banned.tokens, biased) > changed
 
@@ -164,35 +165,35 @@ def assert_body(middle: str, context: str = "") -> None:
     assert space["median"]([3, 1, 2]) == 2 and space["median"]([4, 1, 3, 2]) in (2.5, 2, 3)
 
 
-def test_fill_in_the_middle_completes_a_function_body(qwen_auto, qwen_plain):
+def test_fill_in_the_middle_completes_a_function_body(qwen_small_auto, qwen_small_plain):
     """create_completion(prompt, suffix=...) as llama-cpp-python lays it out: the model writes the
     body between the head and the tail and stops there; speculation gives plain decoding's text."""
-    ours = qwen_auto.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)
+    ours = qwen_small_auto.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)
     middle = ours["choices"][0]["text"]
     assert ours["choices"][0]["finish_reason"] == "stop"
     assert_body(middle)
-    assert middle == qwen_plain.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)["choices"][0]["text"]
-    fim = qwen_auto.model.fim_tokens()
-    tokens = qwen_auto.fim_tokens(HEAD, TAIL)
+    assert middle == qwen_small_plain.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)["choices"][0]["text"]
+    fim = qwen_small_auto.model.fim_tokens()
+    tokens = qwen_small_auto.fim_tokens(HEAD, TAIL)
     assert tokens[0] == fim["pre"] and tokens[-1] == fim["mid"] and fim["suf"] in tokens
 
 
-def test_echo_returns_the_prompt_then_the_text(qwen_auto):
-    answer = qwen_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True)
-    alone = qwen_auto.create_completion("The capital of France is", max_tokens=5, temperature=0)
+def test_echo_returns_the_prompt_then_the_text(qwen_small_auto):
+    answer = qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True)
+    alone = qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0)
     assert answer["choices"][0]["text"] == "The capital of France is" + alone["choices"][0]["text"]
-    chunks = list(qwen_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True,
+    chunks = list(qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True,
                                               stream=True))
     assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
 
 
-def test_echo_with_logprobs_scores_the_prompt(qwen_auto, reference):
+def test_echo_with_logprobs_scores_the_prompt(qwen_small_auto, reference):
     """OpenAI's legacy scoring: the prompt's tokens with their log-probabilities (the first has
     none), read by the model as one text, then the answer's, as a run without echo gives them."""
     prompt = "The capital of France is"
-    tokens = qwen_auto.tokenize(prompt)
-    answer = qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2)
-    alone = qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, logprobs=2)
+    tokens = qwen_small_auto.tokenize(prompt)
+    answer = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2)
+    alone = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, logprobs=2)
     lp, own = answer["choices"][0]["logprobs"], alone["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == answer["choices"][0]["text"] == prompt + alone["choices"][0]["text"]
     n = len(tokens)
@@ -201,23 +202,23 @@ def test_echo_with_logprobs_scores_the_prompt(qwen_auto, reference):
     # with the echo, drafts of other lengths), which round differently in the last digits on a CPU
     assert np.allclose(lp["token_logprobs"][n:], own["token_logprobs"], atol=0.1)
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    expected = reference(QWEN).prompt_logprobs(tokens)
+    expected = reference(QWEN_DRAFT).prompt_logprobs(tokens)
     assert np.allclose(lp["token_logprobs"][1:n], expected, atol=1e-4), (lp["token_logprobs"][1:n], expected)
     assert all(len(top) == 2 and max(top.values()) >= value - 1e-6
                for top, value in zip(lp["top_logprobs"][1:n], lp["token_logprobs"][1:n]))
     assert lp["text_offset"][n] == len(prompt)
-    chunks = list(qwen_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2,
+    chunks = list(qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2,
                                               stream=True))
     assert chunks[0]["choices"][0]["text"] == prompt and chunks[0]["choices"][0]["logprobs"] == {
         key: value[:n] for key, value in lp.items()}
     assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
-    samples = qwen_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True, logprobs=1)
+    samples = qwen_small_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True, logprobs=1)
     first, second = (c["logprobs"]["token_logprobs"][:n] for c in samples["choices"])
     assert first == second and np.allclose(first[1:], expected, atol=1e-4)
 
 
-def test_nothing_to_generate_ends_at_once(qwen_auto):
-    result = qwen_auto.generate("The capital of France is", max_tokens=0, temperature=0)
+def test_nothing_to_generate_ends_at_once(qwen_small_auto):
+    result = qwen_small_auto.generate("The capital of France is", max_tokens=0, temperature=0)
     assert result.text == "" and result.tokens == [] and result.stop_reason == "length"
 
 
@@ -229,10 +230,10 @@ def test_nothing_to_generate_ends_at_once(qwen_auto):
     ({"logprobs": 21}, "log-probabilities are asked for the 0 to 20"),
     ({"suffix": "x", "prompt": [1, 2]}, "suffix needs a text prompt"),
 ])
-def test_what_is_still_refused_is_refused_by_name(qwen_auto, arguments, fragment):
+def test_what_is_still_refused_is_refused_by_name(qwen_small_auto, arguments, fragment):
     prompt = arguments.pop("prompt", "hi")
     with pytest.raises(ConfigError, match=fragment):
-        qwen_auto.create_completion(prompt, **arguments)
+        qwen_small_auto.create_completion(prompt, **arguments)
 
 
 def test_a_model_without_fim_tokens_says_so(smol_plain):
@@ -240,29 +241,31 @@ def test_a_model_without_fim_tokens_says_so(smol_plain):
         smol_plain.create_completion("def f():", suffix="\n")
 
 
-def test_the_cli_takes_llama_cpp_s_penalty_and_mirostat_flags(qwen_plain, model_file):
+def test_the_cli_takes_llama_cpp_s_penalty_and_mirostat_flags(qwen_small_plain, model_file):
     flags = ["--repeat-penalty", "1.3", "--repeat-last-n", "32", "--presence-penalty", "0.2", "--frequency-penalty",
              "0.1", "-l", "11-inf"]
-    out = run("generate", "-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "--temp",
+    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "--temp",
               "0", "-n", "24", "--json", "-p", PROMPTS[1], *flags)
     assert out.exit_code == 0, out.stderr
-    plain = qwen_plain.generate(PROMPTS[1], max_tokens=24, temperature=0, repeat_penalty=1.3, penalty_last_n=32,
+    plain = qwen_small_plain.generate(PROMPTS[1], max_tokens=24, temperature=0, repeat_penalty=1.3, penalty_last_n=32,
                                 presence_penalty=0.2, frequency_penalty=0.1, logit_bias={11: float("-inf")})
     assert json.loads(out.stdout)["text"] == plain.text
     flags = ["--temp", "0.7", "--seed", "4", "--mirostat", "1", "--mirostat-ent", "3", "--mirostat-lr", "0.2"]
-    out = run("generate", "-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "-n", "24",
+    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "-n", "24",
               "--json", "-p", PROMPTS[0], *flags)
     assert out.exit_code == 0, out.stderr
-    plain = qwen_plain.generate(PROMPTS[0], max_tokens=24, temperature=0.7, seed=4, mirostat=1, mirostat_tau=3.0,
+    plain = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0.7, seed=4, mirostat=1, mirostat_tau=3.0,
                                 mirostat_eta=0.2)
     assert json.loads(out.stdout)["text"] == plain.text
-    assert_one_line_error(run("generate", "-m", str(model_file(QWEN)), "-p", "hi", "-l", "11x"),
+    assert_one_line_error(run("generate", "-m", str(model_file(QWEN_DRAFT)), "-p", "hi", "-l", "11x"),
                           "--logit-bias takes TOKEN_ID(+/-)BIAS")
-    assert_one_line_error(run("generate", "-m", str(model_file(QWEN)), "-p", "hi", "--mirostat", "3"), "--mirostat")
+    assert_one_line_error(run("generate", "-m", str(model_file(QWEN_DRAFT)), "-p", "hi", "--mirostat", "3"), "--mirostat")
 
 
 @pytest.fixture(scope="module")
 def qwen_server(model_file):
+    """The 1.5B: given llama-server's /infill layout (a file of the repository before the head),
+    the 0.5B answers with a fence and prose where the 1.5B writes the body."""
     server = Server("-m", str(model_file(QWEN)), "-t", str(THREADS), "-c", "2048")
     yield server
     server.stop()
