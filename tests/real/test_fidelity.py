@@ -97,8 +97,10 @@ SHAPING = dict(repeat_penalty=1.3, penalty_last_n=64, presence_penalty=0.3, freq
 @pytest.fixture(scope="module")
 def smol_lookup(module_spec):
     """Lookup verified whole every step (as llama-lookup does): it drafts whatever this machine's
-    costs say, which on a steep curve would leave auto plain on the penalized edit."""
-    return module_spec(SMOL, spec="lookup", fixed=("lookup",))
+    costs say, which on a steep curve would leave auto plain on the penalized edit. At most 16
+    tokens a step, as llama-lookup drafts by default (31 made batches of 30 rows, where the penalties
+    leave little of the copy accepted)."""
+    return module_spec(SMOL, spec="lookup", fixed=("lookup",), lookup_draft_max=16)
 
 
 @pytest.mark.parametrize("prompt, copies", [(PROMPTS[2], True), (RAW[1], False)], ids=["edit", "chat"])
