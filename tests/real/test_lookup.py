@@ -16,7 +16,7 @@ from llamaspec.errors import CacheFormatError
 from llamaspec.sources.lookup import FRESH, OWN_MATCH, Anchored, LookupSource, Matched
 from llamaspec.sources.ngram_cache import NgramCache
 
-from conftest import DATA, QWEN, QWEN_DRAFT, ROOT, SMOL, chatml
+from conftest import DATA, QWEN_DRAFT, ROOT, SMOL, chatml
 from checks import assert_kv_invariant, check_greedy, check_stats, generate_checked
 
 
