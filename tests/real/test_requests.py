@@ -51,12 +51,13 @@ def test_log_probabilities_under_speculation_are_plain_decoding_s(qwen_small_pla
 
 def test_openai_shapes_of_log_probabilities(qwen_small_auto):
     chat = qwen_small_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
-                                            temperature=0, logprobs=True, top_logprobs=2)
+                                                  temperature=0, logprobs=True, top_logprobs=2)
     content = chat["choices"][0]["logprobs"]["content"]
     assert "".join(e["token"] for e in content) == chat["choices"][0]["message"]["content"]
     assert all(len(e["top_logprobs"]) == 2 and bytes(e["bytes"]).decode() == e["token"] for e in content)
-    streamed = list(qwen_small_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}], max_tokens=8,
-                                                     temperature=0, logprobs=True, top_logprobs=2, stream=True))
+    streamed = list(qwen_small_auto.create_chat_completion([{"role": "user", "content": "Name a colour."}],
+                                                           max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+                                                           stream=True))
     again = [e for c in streamed if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     assert [e["token"] for e in again] == [e["token"] for e in content]  # the prompt now cached: rows alike, not
     assert all(abs(a["logprob"] - b["logprob"]) < 0.1 for a, b in zip(again, content))  # bit for bit
@@ -74,7 +75,8 @@ def test_penalties_and_biases_through_the_python_surfaces(qwen_small_auto, qwen_
     rows are not bit for bit single rows and auto's drafting follows the machine's timings)."""
     shaping = dict(repeat_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2)
     qwen_small_plain.reset()
-    ours = qwen_small_plain.create_completion(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={"11": -100}, **shaping)
+    ours = qwen_small_plain.create_completion(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={"11": -100},
+                                              **shaping)
     qwen_small_plain.reset()
     plain = qwen_small_plain.generate(PROMPTS[1], max_tokens=40, temperature=0, logit_bias={11: -100}, **shaping)
     assert ours["choices"][0]["text"] == plain.text and 11 not in plain.tokens
@@ -113,8 +115,8 @@ def assert_greedy_as(tokens, plain) -> int:
     return first
 
 
-def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_decoding_s(qwen_small_plain, module_spec,
-                                                                                          reference):
+def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_decoding_s(qwen_small_plain,
+                                                                                          module_spec, reference):
     """On the copy-heavy edit, lookup verified every step: mirostat 2 (mu carried down each
     verified path) samples with a seed what plain decoding samples; a logits processor that bans
     a token gives the text a logit bias banning it gives; a stopping criterion ends the text
@@ -130,7 +132,7 @@ def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_d
                              SamplingConfig(temperature=1.0, mirostat=2, mirostat_tau=3.0), 5)
     # llama-cpp-python's arguments: no temperature before mirostat (0.8 only says "sample")
     surface = qwen_small_plain.create_completion(PROMPTS[2], max_tokens=48, temperature=0.8, seed=5, mirostat_mode=2,
-                                           mirostat_tau=3.0)
+                                                 mirostat_tau=3.0)
     assert surface["choices"][0]["text"] == plain.text
     n = len(prompt)  # the edit's prompt, still cached in both: the stopping criterion next
 
@@ -142,14 +144,16 @@ def test_mirostat_and_llama_cpp_python_s_callbacks_under_speculation_are_plain_d
     served = lookup.create_completion(PROMPTS[2], max_tokens=40, temperature=0, stopping_criteria=[twelve])
     assert served["choices"][0]["finish_reason"] == "stop" and served["usage"]["completion_tokens"] == 12
     story = dict(max_tokens=32, temperature=0.8, seed=5)  # a text with many choices: mirostat changes them
-    assert (qwen_small_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)["choices"][0]
-            ["text"] != qwen_small_plain.create_completion("Once upon a time", **story)["choices"][0]["text"])
+    mirostat = qwen_small_plain.create_completion("Once upon a time", mirostat_mode=2, mirostat_tau=8.0, **story)
+    unchanged = qwen_small_plain.create_completion("Once upon a time", **story)
+    assert mirostat["choices"][0]["text"] != unchanged["choices"][0]["text"]
 
     def ban(input_ids, scores):
         scores[11] = -np.inf  # ","
         return scores
     banned = lookup.generate(PROMPTS[0], max_tokens=24, temperature=0, logits_processor=[ban])
-    biased = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0, logit_bias={11: float("-inf")}, logprobs=2)
+    biased = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0, logit_bias={11: float("-inf")},
+                                      logprobs=2)
     unbanned = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0)
     changed = first_difference(biased.tokens, unbanned.tokens)
     assert 11 in unbanned.tokens and 11 not in banned.tokens and assert_greedy_as(banned.tokens, biased) > changed
@@ -172,7 +176,8 @@ def test_fill_in_the_middle_completes_a_function_body(qwen_small_auto, qwen_smal
     middle = ours["choices"][0]["text"]
     assert ours["choices"][0]["finish_reason"] == "stop"
     assert_body(middle)
-    assert middle == qwen_small_plain.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)["choices"][0]["text"]
+    plain = qwen_small_plain.create_completion(HEAD, suffix=TAIL, max_tokens=120, temperature=0)
+    assert middle == plain["choices"][0]["text"]
     fim = qwen_small_auto.model.fim_tokens()
     tokens = qwen_small_auto.fim_tokens(HEAD, TAIL)
     assert tokens[0] == fim["pre"] and tokens[-1] == fim["mid"] and fim["suf"] in tokens
@@ -183,7 +188,7 @@ def test_echo_returns_the_prompt_then_the_text(qwen_small_auto):
     alone = qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0)
     assert answer["choices"][0]["text"] == "The capital of France is" + alone["choices"][0]["text"]
     chunks = list(qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True,
-                                              stream=True))
+                                                    stream=True))
     assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
 
 
@@ -208,11 +213,12 @@ def test_echo_with_logprobs_scores_the_prompt(qwen_small_auto, reference):
                for top, value in zip(lp["top_logprobs"][1:n], lp["token_logprobs"][1:n]))
     assert lp["text_offset"][n] == len(prompt)
     chunks = list(qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2,
-                                              stream=True))
+                                                    stream=True))
     assert chunks[0]["choices"][0]["text"] == prompt and chunks[0]["choices"][0]["logprobs"] == {
         key: value[:n] for key, value in lp.items()}
     assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
-    samples = qwen_small_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True, logprobs=1)
+    samples = qwen_small_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True,
+                                                logprobs=1)
     first, second = (c["logprobs"]["token_logprobs"][:n] for c in samples["choices"])
     assert first == second and np.allclose(first[1:], expected, atol=1e-4)
 
@@ -244,22 +250,23 @@ def test_a_model_without_fim_tokens_says_so(smol_plain):
 def test_the_cli_takes_llama_cpp_s_penalty_and_mirostat_flags(qwen_small_plain, model_file):
     flags = ["--repeat-penalty", "1.3", "--repeat-last-n", "32", "--presence-penalty", "0.2", "--frequency-penalty",
              "0.1", "-l", "11-inf"]
-    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "--temp",
-              "0", "-n", "24", "--json", "-p", PROMPTS[1], *flags)
+    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none",
+              "--temp", "0", "-n", "24", "--json", "-p", PROMPTS[1], *flags)
     assert out.exit_code == 0, out.stderr
     plain = qwen_small_plain.generate(PROMPTS[1], max_tokens=24, temperature=0, repeat_penalty=1.3, penalty_last_n=32,
-                                presence_penalty=0.2, frequency_penalty=0.1, logit_bias={11: float("-inf")})
+                                      presence_penalty=0.2, frequency_penalty=0.1, logit_bias={11: float("-inf")})
     assert json.loads(out.stdout)["text"] == plain.text
     flags = ["--temp", "0.7", "--seed", "4", "--mirostat", "1", "--mirostat-ent", "3", "--mirostat-lr", "0.2"]
-    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none", "-n", "24",
-              "--json", "-p", PROMPTS[0], *flags)
+    out = run("generate", "-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "2048", "--spec", "none",
+              "-n", "24", "--json", "-p", PROMPTS[0], *flags)
     assert out.exit_code == 0, out.stderr
     plain = qwen_small_plain.generate(PROMPTS[0], max_tokens=24, temperature=0.7, seed=4, mirostat=1, mirostat_tau=3.0,
-                                mirostat_eta=0.2)
+                                      mirostat_eta=0.2)
     assert json.loads(out.stdout)["text"] == plain.text
     assert_one_line_error(run("generate", "-m", str(model_file(QWEN_DRAFT)), "-p", "hi", "-l", "11x"),
                           "--logit-bias takes TOKEN_ID(+/-)BIAS")
-    assert_one_line_error(run("generate", "-m", str(model_file(QWEN_DRAFT)), "-p", "hi", "--mirostat", "3"), "--mirostat")
+    assert_one_line_error(run("generate", "-m", str(model_file(QWEN_DRAFT)), "-p", "hi", "--mirostat", "3"),
+                          "--mirostat")
 
 
 @pytest.fixture(scope="module")
