@@ -138,7 +138,7 @@ class Speculator:
         rate_of = estimate or (lambda c: self.model.chain(c.source, c.evidence))
         limits = _at_length(limits, len(tokens))
         self._plain, self._sunk = self.planner.plain_cost(limits), 0.0
-        if not self.planner.fixed and not self.gate.ask(self._plain):
+        if not self.sources or (not self.planner.fixed and not self.gate.ask(self._plain)):
             return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
                                  admit=admit, rate_of=rate_of, asked=False)
         candidates: List[Candidate] = []
@@ -194,7 +194,8 @@ class Speculator:
         if limits != asked.limits:  # the gate weighs this step's cost against a plain one's under the same limits
             self._plain = self.planner.plain_cost(limits)
             self.gate.plain(self._plain)
-        if not asked.asked and not drafted and not self.planner.fixed:  # a plain step (see Gate)
+        # a plain step (see Gate), or one with no source to ask (plain decoding)
+        if not asked.asked and not drafted and not (self.planner.fixed and self.sources):
             choice = Choice((), False, 1.0, self._plain, 1.0)
             return Plan(trie=Trie(asked.tokens[-1]), candidates=(), lengths=(), window=None, choice=choice,
                         asked=False)
