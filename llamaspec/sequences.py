@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of ``a`` and ``b`` (list compares, no Python loop)."""
     n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
+    if _head(a, n) == _head(b, n):  # the common case, a text and a longer one it begins, costs one copy
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
     while hi - lo > 1:
@@ -18,6 +18,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+def _head(a: Sequence[int], n: int) -> list:
+    """The first ``n`` items of ``a`` as a list (``a`` itself when it is a list of n)."""
+    if type(a) is list:
+        return a if len(a) == n else a[:n]
+    return list(a[:n])
 
 
 def appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:

@@ -457,12 +457,12 @@ class Engine:
         # its text before the pending token; whatever lies past that is dropped here (rejected
         # rows, draft tokens, a decode that failed, a cut text).
         for ln in lanes:
-            text = ln.tokens[:max(len(ln.tokens) - 1, 0)]
-            keep = common_prefix(ln.cached, text)
+            n = max(len(ln.tokens) - 1, 0)  # the text before the pending token: ln.tokens[:n]
+            keep = min(common_prefix(ln.cached, ln.tokens), n)
             del ln.cached[keep:]
             self.target.seq_rm(ln.home, keep, -1)
             for ctx in ln.speculator.contexts() if ln.speculator is not None else ():
-                ctx.truncate(common_prefix(ctx.tokens, text))
+                ctx.truncate(min(common_prefix(ctx.tokens, ln.tokens), n))
 
 
 def halted(stopping: Optional[Criterion], text: Sequence[int], new: Sequence[int],
