@@ -30,6 +30,6 @@ def _head(a: Sequence[int], n: int) -> list:
 def appended(old: Sequence[int], new: Sequence[int]) -> Optional[int]:
     """How many tokens ``new`` adds to ``old``, or None when it is not an extension of it."""
     n = len(old)
-    if len(new) >= n and list(new[:n]) == list(old):
+    if len(new) >= n and _head(new, n) == _head(old, n):
         return len(new) - n
     return None

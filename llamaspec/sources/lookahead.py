@@ -247,7 +247,8 @@ class LookaheadSource(Source):
         keep = len(self._seen) if appended(self._seen, tokens) is not None else common_prefix(self._seen, tokens)
         if keep < len(tokens):
             self.pool.add_text(tokens, keep)
-            self._seen = list(tokens)
+            del self._seen[keep:]
+            self._seen += tokens[keep:]
 
     def contexts(self) -> list:
         return []

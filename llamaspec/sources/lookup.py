@@ -37,7 +37,7 @@ import numpy as np
 from .base import FORCED, FORCED_PRIOR, LENGTH_BUCKETS, Budget, Candidate, Proposal, Source, length_bucket
 from .registry import Option, Plugin
 from ..config import SamplingConfig, check
-from ..sequences import common_prefix
+from ..sequences import appended, common_prefix
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,17 @@ class TokenIndex:
                     del self._ends[tuple(t[end - size:end])]
             t.pop()
 
-    def follow(self, tokens: Sequence[int]) -> None:
-        """Index exactly ``tokens``: cut back to the common prefix, then append the rest."""
+    def follow(self, tokens: Sequence[int]) -> int:
+        """Index exactly ``tokens``: cut back to the common prefix, then append the rest. Returns
+        how many of the tokens indexed before were kept (all of them: ``tokens`` went on from them)."""
         t = self.tokens
         n = len(t)
-        if len(tokens) < n or (n and (tokens[n - 1] != t[-1] or list(tokens[:n]) != t)):
+        if len(tokens) < n or (n and (tokens[n - 1] != t[-1] or appended(t, tokens) is None)):
             keep = common_prefix(t, tokens)
             self.truncate(keep)
             n = keep
         self.extend(tokens[n:])
+        return n
 
     def ends(self, ngram: Tuple[int, ...]) -> List[int]:
         return self._ends.get(ngram, [])
@@ -254,8 +256,7 @@ class PromptLookup:
         n = len(self.history.tokens)
         if self.start is None or len(tokens) <= self.start:
             self.start = len(tokens) - 1  # a new text: the prompt, and its first token pending
-        self.history.follow(tokens)
-        if len(self.history.tokens) < n or list(tokens[:n]) != self.history.tokens[:n]:
+        if self.history.follow(tokens) < n:
             self.anchor = None  # the text was cut: start over
             return
         a = self.anchor

@@ -88,8 +88,9 @@ class NgramCaches:
         n_new = appended(self._followed, tokens)
         if n_new is None:
             self.context, n_new = NgramCache(), len(tokens)
+            self._followed = []
         self.context.update(tokens, self.ngram_min, self.ngram_max, n_new)
-        self._followed = list(tokens)
+        self._followed += tokens[len(tokens) - n_new:]
 
     def draft(self, tokens: Sequence[int], max_len: int) -> List[int]:
         if len(tokens) < 2:
