@@ -46,8 +46,11 @@ class AcceptanceModel:
             overall = registry.overall() if overall is None else overall
         self.priors, self.initial = priors, overall
         self.weight, self.decay = weight, decay
-        self._counts: Dict[Tuple[str, Evidence], Tuple[float, float]] = {}  # (source, key) -> (accepted, seen)
+        # (source, key) -> (accepted, seen), and source -> the same over its keys, each stored
+        # divided by ``_scale``: the decay of every count, one product a step, not one per count
+        self._counts: Dict[Tuple[str, Evidence], Tuple[float, float]] = {}
         self._overall: Dict[str, Tuple[float, float]] = {}
+        self._scale = 1.0
         self._rates: Dict[Tuple[str, Evidence], float] = {}  # rate() until the counts change
 
     def prior(self, source: str, key: Evidence) -> float:
@@ -62,6 +65,7 @@ class AcceptanceModel:
         r = self._rates.get(key)
         if r is None:
             acc, seen = self._counts.get(key, (0.0, 0.0))
+            acc, seen = acc * self._scale, seen * self._scale
             r = min(MAX_RATE, (acc + self.weight * self.prior(source, bucket)) / (seen + self.weight))
             self._rates[key] = r
         return r
@@ -85,19 +89,19 @@ class AcceptanceModel:
         """Per-token acceptance of ``source`` over every key: what to expect of it before it
         proposes anything (to decide whether an expensive source is worth asking)."""
         acc, seen = self._overall.get(source, (0.0, 0.0))
-        return (acc + self.weight * self.initial[source]) / (seen + self.weight)
+        return (acc * self._scale + self.weight * self.initial[source]) / (seen * self._scale + self.weight)
 
     def evidence(self, source: str) -> float:
         """How many (decayed) observations of ``source`` the model holds."""
-        return self._overall.get(source, (0.0, 0.0))[1]
+        return self._overall.get(source, (0.0, 0.0))[1] * self._scale
 
     def learn(self, outcome: Outcome) -> None:
         """Decay every count, then count each candidate token whose predecessors were emitted.
         Candidates of one source that share a prefix count once."""
-        d = self.decay
         self._rates.clear()
-        self._counts = {k: (a * d, n * d) for k, (a, n) in self._counts.items()}
-        self._overall = {k: (a * d, n * d) for k, (a, n) in self._overall.items()}
+        self._scale *= self.decay
+        if self._scale < 1e-100:  # before stored counts outgrow a float: store them decayed, at scale 1
+            self.forget(1.0)
         emitted = outcome.emitted
         seen: Set[Tuple[str, Tuple[int, ...]]] = set()
         for cand in outcome.candidates:
@@ -111,13 +115,16 @@ class AcceptanceModel:
                     break
 
     def _count(self, source: str, bucket: Evidence, ok: bool) -> None:
+        one = 1.0 / self._scale
         acc, n = self._counts.get((source, bucket), (0.0, 0.0))
-        self._counts[(source, bucket)] = (acc + ok, n + 1)
+        self._counts[(source, bucket)] = (acc + ok * one, n + one)
         acc, n = self._overall.get(source, (0.0, 0.0))
-        self._overall[source] = (acc + ok, n + 1)
+        self._overall[source] = (acc + ok * one, n + one)
 
     def forget(self, factor: float = 0.5) -> None:
         """Weaken the evidence (a new, unrelated text): estimates move toward their priors."""
+        factor *= self._scale
         self._rates.clear()
         self._counts = {k: (a * factor, n * factor) for k, (a, n) in self._counts.items()}
         self._overall = {k: (a * factor, n * factor) for k, (a, n) in self._overall.items()}
+        self._scale = 1.0

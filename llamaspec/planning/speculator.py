@@ -228,7 +228,8 @@ class Speculator:
 
         def foresaw(candidates: Sequence[Candidate]) -> bool:  # one held every token the step emitted
             return any(c.tokens[:n] == outcome.emitted for c in candidates)
-        self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
+        if self.gate.asked:  # a step that did not ask teaches the gate nothing
+            self.gate.learn(outcome.n_accepted, outcome.cost, units(outcome.seconds), foresaw(outcome.candidates))
         extra = max(0.0, outcome.cost - self._sunk - self._plain)  # what the step's rows cost over a plain step
         for name, seconds in self._own_seconds.items():  # what it brought that no other source did
             accepted = sum(1 for sources in outcome.path_sources if set(sources) == {name})
