@@ -355,8 +355,13 @@ def plausible_draft(draft: CostCurve, draft_model: Model, target: CostCurve, tar
 
 def save(curve: CostCurve, ctx: Context, cache_file: Path) -> None:
     """Cache ``curve`` for the model, thread count and backend of ``ctx`` (replacing any)."""
+    cache_curve(curve, ctx.model.path, ctx.threads, cache_file, backend_name(ctx.model))
+
+
+def cache_curve(curve: CostCurve, model_path: Path, threads: int, cache_file: Path, backend: str = "cpu") -> None:
+    """Cache ``curve`` as the one measured for this model file, thread count and backend (replacing any)."""
     table = read_table(cache_file)
-    table[_key(ctx.model.path, ctx.threads, backend_name(ctx.model))] = asdict(curve)
+    table[_key(model_path, threads, backend)] = asdict(curve)
     write_table(cache_file, table)  # a read-only cache only costs a new measurement next time
 
 
