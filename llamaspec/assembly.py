@@ -28,7 +28,7 @@ from .engine.engine import Engine
 from .engine.scheduler import Scheduler
 from .errors import ConfigError, LlamaspecWarning
 from .llama import models
-from .llama.binding import Context, Model, gpus, max_sequences, supports_gpu_offload
+from .llama.binding import Context, Model, gpus, max_sequences, queues_decodes, supports_gpu_offload
 from .llama.models import resolve_model
 from .llama.pool import ModelPool
 from .planning.acceptance_model import AcceptanceModel
@@ -162,9 +162,9 @@ class Assembly:
         for loaded in self.loaded.values():
             if hasattr(loaded, "restart"):
                 loaded.restart()
-        return Scheduler(Engine(self.ctx, MAX_SAMPLES, self.leaves), self.model, self.sources_for(self.setups),
-                         self.planner(self.costs), self.ctx.n_ctx, self.ctx.n_ctx, self.acceptance_model(),
-                         exclusive=True, grammars=self.grammars)
+        engine = Engine(self.ctx, MAX_SAMPLES, self.leaves, overlap=queues_decodes(self.model))
+        return Scheduler(engine, self.model, self.sources_for(self.setups), self.planner(self.costs), self.ctx.n_ctx,
+                         self.ctx.n_ctx, self.acceptance_model(), exclusive=True, grammars=self.grammars)
 
     def batcher(self, parallel: int, tokens_of: Callable[[Any], List[int]]) -> Batcher:
         """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
@@ -194,8 +194,9 @@ class Assembly:
             raise
         setups = {n: replace(s, loaded=copies.get(n, s.loaded)) for n, s in self.setups.items()}
         planner = self.planner(self.costs.fresh())  # learns this batch's timings, not ours
-        scheduler = Scheduler(Engine(ctx, parallel), self.model, self.sources_for(setups), planner,
-                              n_ctx * parallel, n_ctx, self.acceptance_model(), grammars=self.grammars)
+        scheduler = Scheduler(Engine(ctx, parallel, overlap=queues_decodes(self.model)), self.model,
+                              self.sources_for(setups), planner, n_ctx * parallel, n_ctx, self.acceptance_model(),
+                              grammars=self.grammars)
         return Batcher(scheduler, closing, tokens_of, self.spec_name)
 
     def close(self) -> None:

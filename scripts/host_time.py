@@ -1,26 +1,30 @@
 """llamaspec's own time a step, as a GPU's host spends it, measured on any machine: the real
 engine, scheduler, sources and planner run over the target's context with its decode replaced
-by a null one, which computes nothing and answers as the recorded target did.
+by a null one, which computes nothing, answers as the recorded target did and takes a GPU's time.
 
     python scripts/host_time.py --spec none,auto --answers open_chat,long_answer,code_edit
-    python scripts/host_time.py --spec none --pad 6000      # behind a 6,000-token prompt
+    python scripts/host_time.py --spec none --pad 6000 --overlap on    # behind a 6,000-token prompt
 
 On a GPU the host's time between two decodes counts as much as they do (a decode of the 1.5B
 takes 1.36 ms on the H200 curve in tests/data), and it is what this measures: a decode on the
-CPU runs through every cache, so the Python that follows it runs two to five times slower than
-it would beside a GPU, and a generation's own ``t_decode - t_llama`` on a CPU says little of it.
+CPU runs through every cache, so the Python that follows it runs slower than it would beside a
+GPU, and a generation's own ``t_decode - t_llama`` on a CPU says little of it.
 
 The null decode: a row at position p whose token is the recorded text's token at p answers with
 the text's next token as its argmax (a logits row of the target's vocabulary, one entry set);
-any other row with a token that is not it. Its time is the curve's (``--curve``, by default the
-H200's), added to ``t_llama`` without waiting, and the planner plans on that curve too, so the
-gate and the planner weigh this host's time against the GPU's decodes. The text is the
-recorded answer whatever is verified (greedy), which the script checks.
+any other row with a token that is not it. It is queued when llama_decode returns and done the
+curve's time (``--curve``, by default the H200's) after it began, as on a GPU: reading its
+outputs or changing the cache waits for it (a busy wait, as CUDA's by default). The planner
+plans on that curve too, so the gate and the planner weigh this host's time against the GPU's
+decodes. ``--overlap``: the engine queuing each next decode before a step returns (what it does
+on a GPU), off, on or both. The text is the recorded answer whatever is verified (greedy), which
+the script checks.
 
-Printed per answer and spec: target decodes, steps that asked the sources, tokens a decode, and
-the host's time a step (``t_decode`` over the decodes, best of ``--repeats``; every run a fresh
-load, as n-gram caches would otherwise remember the answer) and what that is of a step on the
-curve (host / (host + the decodes' mean time)).
+Printed per answer, spec and overlap: target decodes, steps that asked the sources, tokens a
+decode, and the host's time a step: the wall time of the decoding over the decodes, less the
+decodes' own (best of ``--repeats``; every run a fresh load, as n-gram caches would otherwise
+remember the answer), and what that is of a step (host / (host + the decodes' mean time)).
+Machines differ, and the same one from run to run by a tenth or two: compare in one run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
@@ -42,7 +47,9 @@ THREADS = 2
 
 
 class NullDecode:
-    """The engine's target with a decode that answers from ``text`` in the curve's time."""
+    """The engine's target with a decode that answers from ``text`` and takes the curve's time as
+    a GPU would: queued when llama_decode returns, done that long after it began (after the
+    decode before it), waited for by reading its outputs or changing the cache."""
 
     def __init__(self, ctx, text: Sequence[int], curve: CostCurve) -> None:
         self._ctx, self.text, self.curve = ctx, list(text), curve
@@ -50,11 +57,13 @@ class NullDecode:
         self.decodes: List[float] = []  # each decode's time (seconds)
         self._rows = np.zeros((ctx.n_batch, ctx.model.n_vocab), np.float32)
         self._set: List[Tuple[int, int]] = []
+        self._done = 0.0  # when the last decode queued ends (perf_counter's time)
 
-    def __getattr__(self, name: str):  # everything but the decode is the context's own
+    def __getattr__(self, name: str):  # everything else is the context's own
         return getattr(self._ctx, name)
 
-    def decode_rows(self, rows, hidden: bool = False) -> int:
+    def decode_rows(self, rows, hidden: bool = False, wait: bool = True) -> int:
+        self.synchronize()  # one output buffer: llama.cpp's next decode writes over the last one's rows
         for i, token in self._set:
             self._rows[i, token] = 0.0
         self._set = []
@@ -65,23 +74,44 @@ class NullDecode:
                 self._rows[len(self._set), answer] = 1.0
                 self._set.append((len(self._set), answer))
         seconds = self.curve.ms(len(rows)) / 1000
-        self.t_llama += seconds
         self.decodes.append(seconds)
+        self._done = time.perf_counter() + seconds
+        if wait:
+            self.synchronize()
         return len(self._set)
 
+    def synchronize(self) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() < self._done:
+            pass
+        self.t_llama += time.perf_counter() - t0
+
     def logits(self, n_rows: int) -> np.ndarray:
+        self.synchronize()
         return self._rows[:n_rows]
 
+    def seq_rm(self, *args) -> None:
+        self.synchronize()
+        self._ctx.seq_rm(*args)
 
-def run(model: Path, spec: str, cache: Path, prompt: List[int], answer: List[int], curve: CostCurve):
-    """One generation of ``answer`` after ``prompt`` over a null decode: (stats, text equal, decodes' mean ms)."""
+    def seq_cp(self, *args) -> None:
+        self.synchronize()
+        self._ctx.seq_cp(*args)
+
+
+def run(model: Path, spec: str, cache: Path, prompt: List[int], answer: List[int], curve: CostCurve,
+        overlap: bool):
+    """One generation of ``answer`` after ``prompt`` over a null decode, the engine overlapping
+    its decodes or not: (stats, text equal, the host's exposed ms a step, the decodes' mean ms)."""
     lm = llamaspec.load(str(model), spec=spec, n_threads=THREADS, n_ctx=8192, cache_dir=cache, progress=False)
     try:
         null = NullDecode(lm.engine.target, prompt + answer, curve)
-        lm.engine.target = null
+        lm.engine.target, lm.engine.overlap = null, overlap
         result = lm.generate(prompt, max_tokens=len(answer), temperature=0)
+        stats = result.stats
         decodes = null.decodes[1:]  # the prompt's decode is before t_decode's clock
-        return result.stats, result.tokens == answer[:len(result.tokens)], 1000 * sum(decodes) / max(len(decodes), 1)
+        host = 1000 * (stats.t_decode - sum(decodes)) / stats.n_target_calls
+        return stats, result.tokens == answer[:len(result.tokens)], host, 1000 * sum(decodes) / max(len(decodes), 1)
     finally:
         lm.close()
 
@@ -97,6 +127,8 @@ def main() -> None:
     ap.add_argument("--pad", type=int, default=0,
                     help="tokens of other recorded text before each prompt (text the answer does not copy)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--overlap", default="off,on",
+                    help="the engine queuing each next decode before a step returns, as on a GPU: off, on or both")
     args = ap.parse_args()
     curve = CostCurve(**json.loads(args.curve.read_text())["curve"])
     model = models.resolve_model(args.model)
@@ -109,17 +141,18 @@ def main() -> None:
         cache = Path(tmp)
         cache_curve(curve, model, THREADS, cache / "costs.json")  # the planner plans on the curve
         first = answers[args.answers.split(",")[0]]
-        run(model, args.spec.split(",")[0], cache, filler + first["prompt"], first["answer"], curve)  # warm-up
+        run(model, args.spec.split(",")[0], cache, filler + first["prompt"], first["answer"], curve, False)  # warm-up
         for name in args.answers.split(","):
             prompt, answer = filler + answers[name]["prompt"], answers[name]["answer"]
             for spec in args.spec.split(","):
-                runs = [run(model, spec, cache, prompt, answer, curve) for _ in range(args.repeats)]
-                host = min(stats.t_decode / stats.n_target_calls for stats, _, _ in runs) * 1000
-                stats, same, decode_ms = runs[-1]
-                print(f"{name:12s} {spec:18s} decodes {stats.n_target_calls:3d}  asked {stats.n_asked:3d}  "
-                      f"tokens/decode {stats.n_predict / stats.n_target_calls:.2f}  host {host:.3f} ms a step "
-                      f"({host / (host + decode_ms):.1%} of a step)  text {'equal' if same else 'DIFFERS'}")
-
+                for overlap in args.overlap.split(","):
+                    runs = [run(model, spec, cache, prompt, answer, curve, overlap == "on")
+                            for _ in range(args.repeats)]
+                    stats, same, host, decode_ms = min(runs, key=lambda r: r[2])
+                    print(f"{name:12s} {spec:18s} overlap {overlap:3s}  decodes {stats.n_target_calls:3d}  "
+                          f"asked {stats.n_asked:3d}  tokens/decode {stats.n_predict / stats.n_target_calls:.2f}  "
+                          f"host {host:.3f} ms a step ({host / (host + decode_ms):.1%} of a step)  "
+                          f"text {'equal' if same else 'DIFFERS'}")
 
 if __name__ == "__main__":
     main()

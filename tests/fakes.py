@@ -73,6 +73,8 @@ class FakeContext:
         self._cells: List[Tuple[int, int, Set[int]]] = []
         self._out: np.ndarray = np.zeros((0, V), dtype=np.float32)
         self.decodes: List[int] = []  # rows per decode
+        self.queued = False  # a decode not waited for (decode_rows' ``wait``): the cache waits for it
+        self.n_queued = 0  # decodes queued so, all told
 
     # --- the cache ----------------------------------------------------------------------
     def cells(self, seq: int) -> List[int]:
@@ -104,23 +106,32 @@ class FakeContext:
         self._out = np.array(out, dtype=np.float32).reshape(-1, V)
 
     # --- sequences (engine.py) ------------------------------------------------------------
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False,
+                    wait: bool = True) -> int:
         self._decode([(t, pos, tuple(ids), lg) for t, pos, ids, lg in rows])
+        self.queued = not wait
+        self.n_queued += not wait
         return len(self._out)
 
+    def synchronize(self) -> None:
+        self.queued = False
+
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.synchronize()
         lo, hi = (p0 if p0 >= 0 else 0), (p1 if p1 >= 0 else 1 << 30)
         for _, _, seqs in [c for c in self._cells if lo <= c[0] < hi]:
             seqs.discard(seq)
         self._cells = [c for c in self._cells if c[2]]
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.synchronize()
         lo, hi = (p0 if p0 >= 0 else 0), (p1 if p1 >= 0 else 1 << 30)
         for p, _, seqs in self._cells:
             if src in seqs and lo <= p < hi:
                 seqs.add(dst)
 
     def logits(self, n_rows: int) -> np.ndarray:
+        self.synchronize()
         return self._out[:n_rows]
 
     def logits_ith(self, i: int) -> np.ndarray:
@@ -149,10 +160,17 @@ def copying_prompt() -> List[int]:
     return start + greedy_text(start, 60)
 
 
-def check_kv(ctx: FakeContext, tokens: Sequence[int]) -> None:
-    """Between steps: sequence 0 holds exactly tokens[:-1], no other sequence holds anything."""
-    assert ctx.cells(0) == list(tokens[:-1])
-    assert ctx.used_seqs() <= {0}, f"stale sequences {ctx.used_seqs()}"
+def check_kv(ctx: FakeContext, tokens: Sequence[int], queued: bool = False) -> None:
+    """Between steps: sequence 0 holds exactly tokens[:-1], no other sequence holds anything.
+    ``queued``: a decode of the next step's rows is under way (an engine that overlaps): sequence 0
+    holds tokens[:-1] and then that decode's rows (of the pending token and the trie's first
+    branch: at most the rest of a batch), and scratch sequences its other branches."""
+    if not queued:
+        assert ctx.cells(0) == list(tokens[:-1])
+        assert ctx.used_seqs() <= {0}, f"stale sequences {ctx.used_seqs()}"
+        return
+    cells = ctx.cells(0)
+    assert cells[:len(tokens) - 1] == list(tokens[:-1]) and len(tokens) - 1 < len(cells) <= len(tokens) - 1 + ctx.n_batch
 
 
 # --- engines and sources of fake targets, for the engine's and the lanes' tests ---------------------
@@ -164,10 +182,10 @@ class OneText:
     """One text at a time on a one-lane engine over a fake target, as a LlamaSpec runs it: the
     scheduler cuts a text at its stop and goes on with its speculator for the next text."""
 
-    def __init__(self, sources, curve=CostCurve.flat(), ctx=None, **ctx_options) -> None:
+    def __init__(self, sources, curve=CostCurve.flat(), ctx=None, overlap=False, **ctx_options) -> None:
         self.ctx = ctx if ctx is not None else FakeContext(**ctx_options)
         self.sources = list(sources)
-        self.engine = Engine(self.ctx, 1)
+        self.engine = Engine(self.ctx, 1, overlap=overlap)
         self.scheduler = Scheduler(self.engine, FakeModel(), lambda text: self.sources,
                                    Planner(CostModel(curve)), self.ctx.n_ctx, self.ctx.n_ctx, with_oracle(),
                                    exclusive=True, grammars=GrammarVocabulary(FakeModel()))

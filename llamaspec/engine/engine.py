@@ -168,7 +168,8 @@ class Lane:
 class LaneRows:
     """A decoding lane's part of one decode: its plan, the trie's layout, the KV-cache sequences
     its rows use (its home first), its batch rows, where its output rows start and how many are
-    the pending token's and the trie's (``n_trie``) and the window's (``n_window``)."""
+    the pending token's and the trie's (``n_trie``) and the window's (``n_window``); ``text`` and
+    ``n_tokens``: the lane's text (its list) and its length when its rows were laid out."""
 
     lane: Lane
     plan: Plan
@@ -178,13 +179,56 @@ class LaneRows:
     out: int
     n_trie: int
     n_window: int
+    text: List[int]
+    n_tokens: int
     t_plan: float = 0.0
 
 
-class Engine:
-    """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch."""
+@dataclass(eq=False, kw_only=True)
+class Flight:
+    """A decode queued (and, unless the engine overlaps, done): every lane's rows, the prompt
+    chunks read (lane, its text, first position, tokens, first output row, whether the prompt's
+    last), the scratch
+    sequences used and the lanes touched (emptied and trimmed when it lands), and what its
+    landing needs: the target's ``t_llama`` before it, the decode's verify costs (``verify``,
+    behind ``length``), whether its shape was warm, the plans' ``forgone`` score. ``error``: a
+    decode that could not be queued, raised when it would have landed unless every text it was
+    for (``texts``: lane, length) has stopped or changed since."""
 
-    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES) -> None:
+    lanes_rows: List[LaneRows] = field(default_factory=list)
+    chunks: List[Tuple[Lane, List[int], int, int, int, bool]] = field(default_factory=list)
+    n_rows: int = 0
+    n_out: int = 0
+    read_hidden: bool = False
+    used: List[int] = field(default_factory=list)
+    touched: List[Lane] = field(default_factory=list)
+    costs: Optional[CostModel] = None
+    verify: Optional[Callable[[int], float]] = None
+    length: Optional[int] = None
+    warm: bool = False
+    busy: float = 0.0
+    forgone: float = 0.0
+    error: Optional[Exception] = None
+    texts: List[Tuple[Lane, List[int], int]] = field(default_factory=list)
+
+    def current(self) -> bool:
+        """Whether any of its rows still speaks for its lane's text."""
+        return any(current(d.lane, d.text, d.n_tokens) for d in self.lanes_rows) or \
+            any(ln.state == "prompt" and ln.tokens is text for ln, text, *_ in self.chunks) or \
+            any(current(ln, text, n) for ln, text, n in self.texts)
+
+
+def current(lane: Lane, text: List[int], n_tokens: int) -> bool:
+    """Whether rows laid out for ``lane`` when its text was ``text`` of ``n_tokens`` tokens still
+    speak for it (no stop, cut or new text since)."""
+    return lane.state == "decoding" and lane.tokens is text and len(text) == n_tokens
+
+
+class Engine:
+    """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch.
+    ``overlap``: each step queues the next decode before it returns (see ``step``)."""
+
+    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES, overlap: bool = False) -> None:
         if n_lanes > target.n_seq_max:
             raise DecodeError(f"{n_lanes} lanes need {n_lanes} KV-cache sequences, the context has {target.n_seq_max}")
         self.target = target
@@ -193,6 +237,8 @@ class Engine:
         self.max_leaves = max_leaves
         self._turn = 0  # which lane plans first (turns rotate, so no lane always gets the rows left over)
         self.shape = Shape()  # the last decode's row count, kept while that pays (a GPU's graphs)
+        self.overlap = overlap
+        self._flight: Optional[Flight] = None  # the next step's decode, queued by this one (overlap)
 
     def vacate(self, keep: Optional[int] = None) -> None:
         """Empty every idle lane but lane ``keep``: its home and its sources' caches (a context
@@ -249,11 +295,55 @@ class Engine:
             for other in ln.group:  # a group whose prompt is not read stops together
                 self.lanes[other].state = "idle"
         ln.state = "idle"
+        f = self._flight
+        if f is not None and not f.current():  # queued for texts that all stopped: it brings nothing
+            self.drain()
+        elif f is not None:  # its rows of this lane are dropped when it lands; their branches go now
+            for d in f.lanes_rows:
+                if d.lane is ln:
+                    for seq in d.seqs[1:]:
+                        self.target.seq_rm(seq, -1, -1)
         self._trim([ln])
 
     def step(self) -> List[Tuple[int, Step]]:
         """One decode for every lane with work; returns (lane, Step) for each lane that emitted
-        tokens (the lanes of a group whose prompt was just read each emit their first)."""
+        tokens (the lanes of a group whose prompt was just read each emit their first).
+
+        With ``overlap`` the step lays out and queues the next decode before it returns, so that
+        a GPU decodes it while the caller reads these steps (and the engine's own bookkeeping of
+        the step waits for the decode instead of the decode for it). Nothing else changes: the
+        next step plans from what this one settled, exactly as it would have after the return.
+        A lane the caller stops meanwhile (``stop``, which may cut its text) has its rows' cells
+        dropped at once and their outputs when the decode lands (a decode left with no text to
+        speak for lands at once); a request admitted meanwhile joins the decode after. Every
+        change to the cache waits for a decode under way (the context's own)."""
+        flight, self._flight = self._flight or self._launch(), None
+        if flight is None:
+            return []
+        emitted = self._land(flight)
+        if self.overlap:
+            try:
+                self._flight = self._launch()
+            except Exception as e:  # these steps' tokens are their texts' already: the error waits for the next step
+                self._flight = Flight(error=e, texts=[(ln, ln.tokens, len(ln.tokens)) for ln in self.lanes if ln.live])
+        return emitted
+
+    @property
+    def queued(self) -> bool:
+        """Whether a step queued the next decode, not landed yet (``overlap``): until it lands,
+        the lanes' homes hold its rows after their texts."""
+        return self._flight is not None
+
+    def drain(self) -> List[Tuple[int, Step]]:
+        """Land the decode a step queued (``overlap``), queuing none: the steps it brings, after
+        which every lane's home holds exactly its text before its pending token."""
+        flight, self._flight = self._flight, None
+        return self._land(flight) if flight is not None else []
+
+    def _launch(self) -> Optional[Flight]:
+        """Every lane's rows, laid out and queued in one decode (waited for unless ``overlap``):
+        the prompt chunks of lanes reading theirs, then each decoding lane's pending token, trie
+        and window, as its speculator plans them. None when no lane has work."""
         target = self.target
         rows: List[Tuple[int, int, Tuple[int, ...], bool]] = []
         n_out = 0
@@ -261,11 +351,8 @@ class Engine:
         reading = [ln for ln in self.lanes if ln.state == "prompt"]
         committed = len(live)  # every live lane's pending token
         free = list(self.scratch)
-        used: List[int] = []
-        emitted: List[Tuple[int, Step]] = []
-        touched = live + reading
+        f = Flight(touched=live + reading)
         try:
-            chunks = []
             for ln in reading:
                 room = target.n_batch - committed
                 take = min(len(ln.tokens) - len(ln.cached), room if not live else min(room, PREFILL_CHUNK))
@@ -278,17 +365,15 @@ class Engine:
                 last = start + take == len(ln.tokens)
                 for i, token in enumerate(ln.tokens[start:start + take]):
                     rows.append((token, start + i, (ln.home,), echo or (last and i == take - 1)))
-                chunks.append((ln, take, n_out, last))
+                f.chunks.append((ln, ln.tokens, start, take, n_out, last))
                 n_out += take if echo else last
                 committed += take
-            lanes_rows: List[LaneRows] = []
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
             self._turn += 1
-            costs = order[0].speculator.costs if order else None
+            f.costs = costs = order[0].speculator.costs if order else None
             if costs is not None:
                 self.shape.switch = costs.switch
             asked, t_ask = [], []
-            forgone = 0.0  # what the plans would have scored more had a change of row count cost nothing
             for ln in order:  # what is asked of the sources, before any lane's rows are laid out
                 t0 = time.perf_counter()
                 asked.append(ln.speculator.propose(ln.tokens, self._limits(ln, committed, len(free)), ln.sampling,
@@ -299,31 +384,51 @@ class Engine:
                 t0 = time.perf_counter()
                 own = [next(drafted) for _ in a.drafting]
                 plan = ln.speculator.choose(a, own, self._limits(ln, committed, len(free)))
-                forgone += plan.choice.forgone
+                f.forgone += plan.choice.forgone  # what the plans would score more, were a change of shape free
                 mine = self._lay_out(ln, plan, free, n_out)
                 mine.t_plan = t + time.perf_counter() - t0 + plan.t_draft
-                used += mine.seqs[1:]
+                f.used += mine.seqs[1:]
                 rows += mine.rows
-                lanes_rows.append(mine)
+                f.lanes_rows.append(mine)
                 n_out += mine.n_trie + mine.n_window
                 committed += len(mine.rows) - 1
             if not rows:
-                return []
-            length = max(len(d.lane.tokens) for d in lanes_rows) if lanes_rows else None
-            verify = (lambda n: costs.verify(n, length)) if costs is not None else None
-            if lanes_rows and verify is not None:
-                self._pad(rows, free, used, verify)
-            warm = self.shape.warm(len(rows))
-            busy = target.t_llama
-            read_hidden = target.hidden_states and bool(lanes_rows)  # a source reads them: verified rows' only
-            target.decode_rows(rows, hidden=read_hidden)
+                self._release(f)
+                return None
+            f.length = max(len(d.lane.tokens) for d in f.lanes_rows) if f.lanes_rows else None
+            f.verify = (lambda n: costs.verify(n, f.length)) if costs is not None else None
+            if f.lanes_rows and f.verify is not None:
+                self._pad(rows, free, f.used, f.verify)
+            f.warm = self.shape.warm(len(rows))
+            f.busy = target.t_llama
+            f.read_hidden = target.hidden_states and bool(f.lanes_rows)  # a source reads them: verified rows' only
+            f.n_rows, f.n_out = len(rows), n_out
+            target.decode_rows(rows, hidden=f.read_hidden, wait=not self.overlap)
+        except BaseException:
+            self._release(f)
+            raise
+        return f
+
+    def _land(self, f: Flight) -> List[Tuple[int, Step]]:
+        """Wait for the flight's decode; read each prompt chunk's outputs, and walk each decoding
+        lane's trie on its rows, keeping the accepted path on its home; empty the scratch
+        sequences and trim every lane it touched."""
+        if f.error is not None:
+            if f.current():
+                raise f.error
+            return []  # its lanes stopped since: nothing was lost
+        target = self.target
+        emitted: List[Tuple[int, Step]] = []
+        try:
+            target.synchronize()
             # a batch's rows attend to their own lane's text: priced behind the longest
-            if costs is not None and warm:
-                costs.observe(CostModel.TARGET, len(rows), target.t_llama - busy, length)
-            logits = target.logits(n_out)
-            hidden = target.hidden(n_out) if read_hidden else None
-            for ln, take, out, last in chunks:
-                start = len(ln.cached)
+            if f.costs is not None and f.warm:
+                f.costs.observe(CostModel.TARGET, f.n_rows, target.t_llama - f.busy, f.length)
+            logits = target.logits(f.n_out)
+            hidden = target.hidden(f.n_out) if f.read_hidden else None
+            for ln, text, start, take, out, last in f.chunks:
+                if ln.state != "prompt" or ln.tokens is not text:
+                    continue  # stopped while its chunk was decoded
                 ln.cached += ln.tokens[start:start + take]
                 if ln.echoed is not None:  # row i read token start + i; the next one is the prompt's
                     ln.echoed += [logprob_of(logits[out + i], ln.tokens[start + i + 1], ln.logprobs or 0)
@@ -331,18 +436,24 @@ class Engine:
                 if last:  # the prompt's last row: every row has logits when echoing, else only it
                     emitted += self._first_tokens(ln, logits[out + take - 1 if ln.echoed is not None else out])
             accepted = 0
-            for d in lanes_rows:
+            for d in f.lanes_rows:
+                if not current(d.lane, d.text, d.n_tokens):
+                    continue  # stopped or cut while its rows were decoded: their cells went with its text
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_window]
                 window_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_window else None
                 step = self._settle(d, logits[d.out:], window_tokens, hidden[d.out:] if hidden is not None else None)
                 accepted += step.n_accepted
                 emitted.append((d.lane.home, step))
-            self.shape.decoded(len(rows), accepted, verify, forgone)
+            self.shape.decoded(f.n_rows, accepted, f.verify, f.forgone)
         finally:
-            for s in used:
-                target.seq_rm(s, -1, -1)
-            self._trim(touched)
+            self._release(f)
         return emitted
+
+    def _release(self, f: Flight) -> None:
+        """Empty the scratch sequences a decode used and trim the lanes it touched."""
+        for s in f.used:
+            self.target.seq_rm(s, -1, -1)
+        self._trim(f.touched)
 
     def _limits(self, ln: Lane, committed: int, n_free: int) -> Limits:
         """What lane ``ln`` may plan after ``committed`` rows, with ``n_free`` scratch sequences left."""
@@ -392,7 +503,7 @@ class Engine:
         rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
         rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
         return LaneRows(lane=ln, plan=plan, layout=layout, seqs=seqs, rows=rows, out=out, n_trie=n_trie,
-                        n_window=n_window)
+                        n_window=n_window, text=ln.tokens, n_tokens=n)
 
     def _first_tokens(self, first: Lane, row: np.ndarray) -> List[Tuple[int, Step]]:
         """The group's prompt is read: every lane of it shares the cells and draws its first token."""

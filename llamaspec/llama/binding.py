@@ -317,9 +317,11 @@ class Context:
         self._embeddings = False  # llama.cpp's setting now
         self._all_out: Optional[Tuple[int, List[int]]] = None  # the last decode output every row: (rows, asked)
         self._touched = 1  # sequences 1 .. _touched - 1 may hold cells: a decode or copy used them
+        self._queued = False  # a decode was queued and not waited for (decode's ``wait``)
 
     def close(self) -> None:
         if self._ptr:
+            self.synchronize()
             self.batch.free()
             ll.llama_free(self._ptr)
             self._ptr = None
@@ -328,13 +330,15 @@ class Context:
         self.close()
 
     # --- decoding -------------------------------------------------------------------
-    def decode(self, batch: Optional[Batch] = None, hidden: bool = False) -> None:
+    def decode(self, batch: Optional[Batch] = None, hidden: bool = False, wait: bool = True) -> None:
         """Run llama_decode on ``batch`` (default: this context's own batch) to its end;
         ``hidden``: with the hidden states of the rows with logits (see decode_rows).
 
         On a GPU llama_decode returns once the work is queued; waiting for it here (as reading a
         row of logits would, right after) makes ``t_llama`` the decode's time, which the costs
-        learn from: without it, an H100 showed decodes at a tenth of their time."""
+        learn from: without it, an H100 showed decodes at a tenth of their time. ``wait`` False
+        leaves the wait to ``synchronize`` (which reading the outputs calls), so the host may
+        work while the GPU decodes; on a CPU the decode is done when llama_decode returns."""
         b = batch or self.batch
         b._b.n_tokens = b.n_tokens
         if hidden != self._embeddings:
@@ -343,9 +347,10 @@ class Context:
         self._all_out = (b.n_tokens, [i for i in range(b.n_tokens) if b._b.logits[i]]) if hidden else None
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ptr, b._b)
-        if rc == 0:
-            ll.llama_synchronize(self._ptr)
         self.t_llama += time.perf_counter() - t0
+        self._queued = rc == 0
+        if wait:
+            self.synchronize()
         if rc != 0:
             reasons = {1: "no free slot in the KV cache (context full)", 2: "aborted",
                        -1: "invalid batch"}
@@ -366,14 +371,24 @@ class Context:
             self.decode()
             self.tokens.extend(chunk)
 
+    def synchronize(self) -> None:
+        """Wait for the last decode to end (its time counted in ``t_llama``)."""
+        if self._queued:
+            t0 = time.perf_counter()
+            ll.llama_synchronize(self._ptr)
+            self.t_llama += time.perf_counter() - t0
+            self._queued = False
+
     def logits(self, n_rows: int) -> np.ndarray:
         """A (n_rows, n_vocab) float32 view of the last decode's output rows (no copy, but where
         a decode with hidden states asked for the logits of some of its rows only)."""
+        self.synchronize()
         return self._outputs(ll.llama_get_logits(self._ptr), n_rows, self.model.n_vocab)
 
     def hidden(self, n_rows: int) -> np.ndarray:
         """A (n_rows, n_embd) float32 array of the last decode's hidden states (``decode_rows``
         with ``hidden``), one per row with logits."""
+        self.synchronize()
         ptr = ll.llama_get_embeddings(self._ptr)
         if not ptr or not self._all_out:
             raise DecodeError("the last decode output no hidden states")
@@ -390,6 +405,7 @@ class Context:
 
     def logits_ith(self, i: int) -> np.ndarray:
         """The logits of batch row ``i`` (negative counts from the end), a view."""
+        self.synchronize()
         ptr = ll.llama_get_logits_ith(self._ptr, i)
         if not ptr:
             raise DecodeError(f"no logits for batch row {i}")
@@ -411,25 +427,29 @@ class Context:
         self._touched = 1
         del self.tokens[n:]
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False,
+                    wait: bool = True) -> int:
         """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
         that keep the sequences' bookkeeping themselves (the engine's lanes; ``tokens`` is not
         touched). ``hidden``: the rows with logits have their last hidden state read too
-        (:meth:`hidden`; llama.cpp then computes the output of every row).
+        (:meth:`hidden`; llama.cpp then computes the output of every row); ``wait``: as decode's.
         Returns how many output rows the decode produced, in row order."""
         b = self.batch
         b.clear()
         for token, pos, seqs, logits in rows:
             b.add(token, pos, seqs, logits)
             self._touched = max(self._touched, 1 + max(seqs))
-        self.decode(hidden=hidden)
+        self.decode(hidden=hidden, wait=wait)
         return sum(1 for row in rows if row[3])
 
+    # A change to the cache first waits for a decode under way.
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.synchronize()
         if not ll.llama_memory_seq_rm(self._mem, seq, p0, p1):
             raise DecodeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.synchronize()
         self._touched = max(self._touched, dst + 1)
         ll.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
@@ -440,6 +460,7 @@ class Context:
         return ll.llama_memory_seq_pos_min(self._mem, seq)
 
     def clear(self) -> None:
+        self.synchronize()
         ll.llama_memory_clear(self._mem, True)
         self._touched = 1
         self.tokens.clear()
@@ -619,6 +640,12 @@ def devices() -> List[Device]:
 def gpus() -> List[Device]:
     """The devices a model's layers can be offloaded to (dedicated or integrated GPUs)."""
     return [d for d in devices() if d.kind in ("gpu", "igpu")]
+
+
+def queues_decodes(model: Model) -> bool:
+    """Whether llama_decode returns before the model's decode ends, so that the host may work while
+    it runs: a GPU of this build holds some of its layers (RPC servers answer when they are done)."""
+    return not model.rpc and model.n_gpu_layers != 0 and bool(gpus())
 
 
 def backend_name(model: Model) -> str:

@@ -241,7 +241,9 @@ class RemoteContext:
 
     hidden_states = False  # decodes on RPC servers return no hidden states
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False) -> int:
+    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False,
+                    wait: bool = True) -> int:
+        """As Context.decode_rows; the decode on the servers is done when it returns (``wait`` aside)."""
         if hidden:
             raise DecodeError("a model on RPC servers returns no hidden states")
         return self._decode("decode_rows", [(int(t), int(p), tuple(int(s) for s in seqs), bool(lg))
@@ -250,6 +252,9 @@ class RemoteContext:
     def eval(self, tokens: Sequence[int], logits: str = "none") -> None:
         self._decode("eval", [int(t) for t in tokens], logits, len(self.tokens))
         self.tokens.extend(tokens)
+
+    def synchronize(self) -> None:
+        pass  # decode_rows returns with the decode done
 
     def logits(self, n_rows: int) -> np.ndarray:
         return np.frombuffer(self._rows, dtype=np.float32, count=n_rows * self.model.n_vocab).reshape(n_rows, -1)

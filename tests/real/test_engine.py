@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from llamaspec import PromptError, SamplingConfig, VocabMismatchError
 from llamaspec.sampling import transform
 
-from conftest import PROMPTS, QWEN, SMOL, chatml
+from conftest import PROMPTS, QWEN, ROOT, SMOL, chatml
 from checks import assert_kv_invariant, generate_checked
 
 
@@ -32,6 +32,41 @@ def test_kv_invariant_after_every_step(request, fixture, temperature):
     assert stats.n_predict == 48 and stats.n_accept <= stats.n_drafted
     if fixture == "smol_pair":
         assert 0 < stats.n_accept < stats.n_drafted
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_an_engine_that_overlaps_decodes_the_same_text_with_the_caches_in_step(smol_pair, temperature):
+    """On a GPU each step queues the next decode before it returns (llama_decode does not wait
+    for it there); on a CPU it would only delay the tokens, so here it is forced on: the same
+    plans (the draft verified whole every step), the same tokens, and between steps each cache
+    holds its text and then only the queued decode's rows; exactly its text once the text ends."""
+    prompt = smol_pair.tokenize(PROMPTS[2])
+    (alone,) = generate_checked(smol_pair, prompt, max_tokens=48, temperature=temperature, seed=1)
+    smol_pair.engine.overlap = True
+    try:
+        (overlapped,) = generate_checked(smol_pair, prompt, max_tokens=48, temperature=temperature, seed=1)
+        assert not smol_pair.engine.queued
+        assert_kv_invariant(smol_pair)
+    finally:
+        smol_pair.engine.overlap = False
+    assert overlapped.tokens == alone.tokens and overlapped.stats.n_target_calls == alone.stats.n_target_calls
+    assert overlapped.stats.n_accept == alone.stats.n_accept > 0
+
+
+def test_the_host_time_script_decodes_a_recorded_answer_over_a_null_decode():
+    """scripts/host_time.py (the host's time a step, as beside a GPU) runs the 0.5B's engine over
+    a decode that answers as the recorded target did: the text is the answer, with and without
+    the next decode queued, and the host's time is a positive fraction of a step."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_time.py"), "--answers", "open_chat",
+                           "--spec", "none,lookup", "--repeats", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    assert [(r[1], r[3]) for r in rows] == [("none", "off"), ("none", "on"), ("lookup", "off"), ("lookup", "on")]
+    for r in rows:  # lookup may copy a few tokens: 256 decodes or fewer
+        assert r[-1] == "equal" and int(r[5]) <= 256 and 0 < float(r[r.index("host") + 1]) < 5, r
+    assert rows[0][5] == rows[1][5] == "256"
 
 
 def test_abandoned_stream_leaves_caches_consistent(smol_self):

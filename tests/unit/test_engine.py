@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.engine.generation import make_config
+from llamaspec.errors import DecodeError
 from llamaspec.sources.base import Candidate, Proposal
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
@@ -33,15 +34,66 @@ def generate(eng, prompt, **options):
     return eng.generate(prompt, **options)
 
 
-def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_step():
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "the next decode queued"])
+def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_step(overlap):
     prompt = copying_prompt()
-    eng, ctx = engine([LookupSource(), Oracle()])
+    eng, ctx = engine([LookupSource(), Oracle()], overlap=overlap)
     text = []
-    for step in eng.steps(prompt, max_new=40):
+    steps = eng.steps(prompt, max_new=40)
+    for step in steps:
         text += step.tokens
-        check_kv(ctx, eng.tokens)
+        check_kv(ctx, eng.tokens, queued=eng.engine.queued)
+        assert eng.engine.queued == (overlap and eng.engine.lanes[0].live)
+    steps.close()
+    check_kv(ctx, eng.tokens)
     assert text == greedy_text(prompt, len(text)) and len(text) >= 40
     assert max(ctx.decodes[1:]) > 1  # candidates were verified in batches
+
+
+class FailingContext(FakeContext):
+    """The fake target, whose decode number ``fail_at`` (from 0) fails as llama_decode can."""
+
+    def __init__(self, fail_at: int, **kw):
+        super().__init__(**kw)
+        self.fail_at = fail_at
+
+    def decode_rows(self, rows, hidden=False, wait=True):
+        if len(self.decodes) == self.fail_at:
+            raise DecodeError("llama_decode failed with code 1: no free slot in the KV cache (context full)")
+        return super().decode_rows(rows, hidden, wait)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "the next decode queued"])
+def test_a_decode_that_fails_ends_the_text_with_its_error_after_the_steps_before_it(overlap):
+    """Queued by the step before, the failing decode's error comes when it would have landed:
+    the steps before it are the text's either way, and the cache holds just their text."""
+    eng = OneText([LookupSource(), Oracle(k=3)], ctx=FailingContext(2), overlap=overlap)
+    text = []
+    with pytest.raises(DecodeError, match="context full"):
+        for step in eng.steps(copying_prompt(), max_new=40):
+            text += step.tokens
+    assert len(eng.ctx.decodes) == 2 and len(text) > 1 and text == eng.tokens[len(copying_prompt()):]
+    assert text == greedy_text(copying_prompt(), len(text))
+    check_kv(eng.ctx, eng.tokens)
+
+
+def test_an_engine_that_overlaps_plans_and_emits_each_step_as_one_that_does_not():
+    """Queuing the next decode before a step returns changes no plan and no token: the same
+    steps, stops and texts, over a text that stops inside an accepted draft and one whose stop
+    string cuts a step; sampled texts the same for the same seeds."""
+    def run(overlap, **options):
+        eng, ctx = engine([LookupSource(), Oracle(k=3)], overlap=overlap, sharp=options.get("temperature") == 0)
+        chunks, result = generate(eng, copying_prompt(), max_tokens=40, **options)
+        _, after = generate(eng, eng.tokens + [1, 2], max_tokens=12, **options)  # the next text on the lane
+        check_kv(ctx, eng.tokens)
+        return [c.tokens for c in chunks], result.tokens, result.stop_reason, after.tokens, ctx.n_queued
+
+    _, full, *_ = run(False, temperature=0)
+    stop = "".join(chr(ord("a") + t) for t in full[12:14])
+    for options in (dict(temperature=0), dict(temperature=0, stop=[stop]), dict(temperature=0.9, seed=4)):
+        plain, overlapped = run(False, **options), run(True, **options)
+        assert overlapped[:4] == plain[:4] and plain[4] == 0 < overlapped[4], options
+    assert run(True, temperature=0, stop=[stop])[2] == "stop"
 
 
 def penalized_greedy_text(prompt, n, sampling):
@@ -148,8 +200,8 @@ class EosContext(FakeContext):
                 self._out[i, EOS] = 30.0
 
 
-def eos_engine(eos_at, sources):
-    eng = OneText(sources, ctx=EosContext(eos_at))
+def eos_engine(eos_at, sources, overlap=False):
+    eng = OneText(sources, ctx=EosContext(eos_at), overlap=overlap)
     return eng, eng.ctx
 
 
@@ -167,10 +219,11 @@ class EosOracle(Oracle):
         return Proposal((Candidate(tuple(right[:budget.max_len]), self.name, (1,) * min(8, budget.max_len)),))
 
 
-def test_an_end_of_generation_inside_an_accepted_draft():
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "the next decode queued"])
+def test_an_end_of_generation_inside_an_accepted_draft(overlap):
     prompt = fake_prompt(30)
     eos_at = len(prompt) + 4  # the fifth generated token
-    eng, ctx = eos_engine(eos_at, [EosOracle(eos_at)])
+    eng, ctx = eos_engine(eos_at, [EosOracle(eos_at)], overlap)
     chunks, result = generate(eng, prompt, max_tokens=50, temperature=0)
     assert result.stop_reason == "stop" and len(result.tokens) == 4 and EOS not in result.tokens
     assert [t for c in chunks for t in c.tokens] == result.tokens  # no end-of-generation token in a chunk

@@ -35,20 +35,25 @@ FLAT = CostModel(CostCurve.flat())
 
 def check_lanes(ctx: FakeContext, engine: Engine) -> None:
     """Between steps: each lane's home holds exactly its cached tokens, which are its text but
-    the pending token (decoding) or the part of its prompt read so far; scratch sequences are empty."""
+    the pending token (decoding) or the part of its prompt read so far; scratch sequences are empty.
+    With the next step's decode under way (an engine that overlaps): each home holds its cached
+    tokens and then only that decode's rows, and scratch sequences may hold its branches (the
+    strict check comes when it lands)."""
     for ln in engine.lanes:
-        assert ctx.cells(ln.home) == ln.cached
+        cells = ctx.cells(ln.home)
+        assert cells[:len(ln.cached)] == ln.cached and (engine.queued or len(cells) == len(ln.cached))
         if ln.state == "decoding":
             assert ln.cached == ln.tokens[:-1]
         else:
             assert ln.cached == ln.tokens[:len(ln.cached)]
-    assert not ctx.used_seqs() & set(engine.scratch), f"stale scratch sequences {ctx.used_seqs()}"
+    assert engine.queued or not ctx.used_seqs() & set(engine.scratch), f"stale scratch sequences {ctx.used_seqs()}"
 
 
 def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus: bool = True,
-              lookup: bool = True, drafts: Optional[DraftSequences] = None, fixed=frozenset()) -> Scheduler:
+              lookup: bool = True, drafts: Optional[DraftSequences] = None, fixed=frozenset(),
+              overlap: bool = False) -> Scheduler:
     """``fixed``: sources verified whole every step (the planner's decisions then do not depend on
-    measured times)."""
+    measured times); ``overlap``: the engine queues each next decode before a step returns."""
     def sources(text):
         out = []
         if lookup:
@@ -60,7 +65,8 @@ def scheduler(ctx: FakeContext, n_lanes: int, costs: CostModel = FLAT, consensus
         if drafts is not None:
             out.append(DraftModelSource(drafts, text.lane, DraftConfig(draft_max=6)))
         return out
-    return Scheduler(Engine(ctx, n_lanes), FakeModel(), sources, Planner(costs, frozenset(fixed)), ctx.n_ctx, ctx.n_ctx)
+    return Scheduler(Engine(ctx, n_lanes, overlap=overlap), FakeModel(), sources, Planner(costs, frozenset(fixed)),
+                     ctx.n_ctx, ctx.n_ctx)
 
 
 def alone(prompt, config, sources=(), ctx=None) -> List[int]:
@@ -84,12 +90,14 @@ def check_drafts(drafts: DraftSequences, engine: Engine) -> None:
 
 def run_all(sched: Scheduler, requests: List[Request], ctx: FakeContext) -> None:
     run_to_end(sched, requests, lambda engine: check_lanes(ctx, engine), 10_000)
+    assert not sched.engine.queued  # the last text's stop landed what was queued: the strict check held last
+    assert (ctx.n_queued > 0) == sched.engine.overlap
 
 
-@pytest.mark.parametrize("n_lanes", [1, 3])
-def test_prompts_that_differ_decode_as_alone_greedy(n_lanes):
+@pytest.mark.parametrize("n_lanes, overlap", [(1, False), (3, False), (3, True)])
+def test_prompts_that_differ_decode_as_alone_greedy(n_lanes, overlap):
     ctx = FakeContext(n_ctx=1024, n_batch=64, n_seq_max=12)
-    sched = scheduler(ctx, n_lanes)
+    sched = scheduler(ctx, n_lanes, overlap=overlap)
     prompts = [copying_prompt(), fake_prompt(30, 1), fake_prompt(90, 2), fake_prompt(5, 3)]  # one longer than a batch
     requests = [Request(p, make_config(max_tokens=20 + 7 * i, temperature=0)) for i, p in enumerate(prompts)]
     run_all(sched, requests, ctx)
@@ -163,13 +171,20 @@ def test_samples_equal_single_runs_with_their_seeds():
     assert sum(r.stats.n_prompt_eval for r in request.results) == len(prompt)
 
 
-def test_samples_stop_early_and_the_others_go_on():
+def stopping_early(overlap: bool) -> Request:
+    """Four samples of a prompt whose stop strings end them at different steps."""
     ctx = FakeContext(n_ctx=1024, n_batch=64, n_seq_max=12, sharp=False)
-    sched = scheduler(ctx, 4)
-    prompt = copying_prompt()
+    sched = scheduler(ctx, 4, overlap=overlap)
     # "c" is a likely piece: samples stop at different steps, some inside an accepted draft
-    request = Request(prompt, make_config(max_tokens=60, temperature=0.8, seed=3, stop=["cd", "b"]), n=4)
+    request = Request(copying_prompt(), make_config(max_tokens=60, temperature=0.8, seed=3, stop=["cd", "b"]), n=4)
     run_all(sched, [request], ctx)
+    for ln in sched.engine.lanes:
+        assert ln.state == "idle"
+    return request
+
+
+def test_samples_stop_early_and_the_others_go_on():
+    request = stopping_early(overlap=False)
     reasons = collections.Counter(r.stop_reason for r in request.results)
     assert reasons["stop"] >= 1
     chunks = collections.defaultdict(list)
@@ -182,13 +197,19 @@ def test_samples_stop_early_and_the_others_go_on():
         assert "".join(c.text for c in chunks[i]) == result.text
         assert chunks[i][-1].result is result
         assert result.stats.n_predict >= len(result.tokens)
-    for ln in sched.engine.lanes:
-        assert ln.state == "idle"
 
 
-def test_cancel_interrupts_a_request_and_leaves_the_cache_consistent():
+def test_an_engine_that_overlaps_samples_the_same_texts_while_samples_stop_and_others_go_on():
+    """The next decode queued before each step returns: a sample stopped meanwhile has its rows
+    dropped when that decode lands, the others go on; each text, stop and reason as without."""
+    before, after = stopping_early(overlap=False), stopping_early(overlap=True)
+    assert [(r.tokens, r.stop_reason) for r in after.results] == [(r.tokens, r.stop_reason) for r in before.results]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_cancel_interrupts_a_request_and_leaves_the_cache_consistent(overlap):
     ctx = FakeContext(n_ctx=1024, n_batch=64, n_seq_max=12)
-    sched = scheduler(ctx, 2)
+    sched = scheduler(ctx, 2, overlap=overlap)
     slow = Request(fake_prompt(30, 5), make_config(max_tokens=200, temperature=0))
     other = Request(fake_prompt(20, 6), make_config(max_tokens=10, temperature=0))
     sched.submit(slow)
