@@ -218,6 +218,20 @@ class Flight:
             any(current(ln, text, n) for ln, text, n in self.texts)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """What walking a lane's trie gave (Engine._accept): the accepted nodes, the target's own
+    token, the window's tokens, the emitted tokens' log-probabilities, where the stopping
+    criterion stops and the row read for the sources (hidden state, logits), if any."""
+
+    path: List[int]
+    token: int
+    window_tokens: Optional[Tuple[int, ...]]
+    logprobs: Tuple[TokenLogprob, ...]
+    halt: Optional[int]
+    read: Optional[Tuple[np.ndarray, np.ndarray]]
+
+
 def current(lane: Lane, text: List[int], n_tokens: int) -> bool:
     """Whether rows laid out for ``lane`` when its text was ``text`` of ``n_tokens`` tokens still
     speak for it (no stop, cut or new text since)."""
@@ -239,6 +253,8 @@ class Engine:
         self.shape = Shape()  # the last decode's row count, kept while that pays (a GPU's graphs)
         self.overlap = overlap
         self._flight: Optional[Flight] = None  # the next step's decode, queued by this one (overlap)
+        self._unrecorded: List[Tuple[LaneRows, Accepted]] = []  # steps settled, their records not made yet
+        self._recorded: List[Tuple[int, Step]] = []  # and made, not returned yet
 
     def vacate(self, keep: Optional[int] = None) -> None:
         """Empty every idle lane but lane ``keep``: its home and its sources' caches (a context
@@ -320,13 +336,28 @@ class Engine:
         flight, self._flight = self._flight or self._launch(), None
         if flight is None:
             return []
-        emitted = self._land(flight)
+        emitted, self._unrecorded = self._land(flight)
         if self.overlap:
+            # the steps up to the last that asked are recorded now: the next step's asking depends
+            # on what they teach; a plain step's teach nothing it does unless its sources are
+            # asked, and are recorded then (before_asking) or once the decode is queued
+            last = max((i for i, (d, _) in enumerate(self._unrecorded) if d.plan.asked), default=-1)
+            self._record(last + 1)
             try:
                 self._flight = self._launch()
             except Exception as e:  # these steps' tokens are their texts' already: the error waits for the next step
                 self._flight = Flight(error=e, texts=[(ln, ln.tokens, len(ln.tokens)) for ln in self.lanes if ln.live])
+        self._record(len(self._unrecorded))
+        emitted += self._recorded
+        self._recorded = []
         return emitted
+
+    def _record(self, n: int) -> None:
+        """Record the first ``n`` steps settled and not recorded: each one's Step, and what every
+        source learns from it."""
+        for d, a in self._unrecorded[:n]:
+            self._recorded.append((d.lane.home, self._steps(d, a)))
+        del self._unrecorded[:n]
 
     @property
     def queued(self) -> bool:
@@ -338,7 +369,13 @@ class Engine:
         """Land the decode a step queued (``overlap``), queuing none: the steps it brings, after
         which every lane's home holds exactly its text before its pending token."""
         flight, self._flight = self._flight, None
-        return self._land(flight) if flight is not None else []
+        if flight is None:
+            return []
+        emitted, self._unrecorded = self._land(flight)
+        self._record(len(self._unrecorded))
+        emitted += self._recorded
+        self._recorded = []
+        return emitted
 
     def _launch(self) -> Optional[Flight]:
         """Every lane's rows, laid out and queued in one decode (waited for unless ``overlap``):
@@ -377,7 +414,8 @@ class Engine:
             for ln in order:  # what is asked of the sources, before any lane's rows are laid out
                 t0 = time.perf_counter()
                 asked.append(ln.speculator.propose(ln.tokens, self._limits(ln, committed, len(free)), ln.sampling,
-                                                   ln.rng, ln.constraint))
+                                                   ln.rng, ln.constraint,
+                                                   before_asking=lambda: self._record(len(self._unrecorded))))
                 t_ask.append(time.perf_counter() - t0)
             drafted = iter(rounds.together([drafting for a in asked for _, drafting in a.drafting]))
             for ln, a, t in zip(order, asked, t_ask):
@@ -409,16 +447,18 @@ class Engine:
             raise
         return f
 
-    def _land(self, f: Flight) -> List[Tuple[int, Step]]:
-        """Wait for the flight's decode; read each prompt chunk's outputs, and walk each decoding
-        lane's trie on its rows, keeping the accepted path on its home; empty the scratch
+    def _land(self, f: Flight) -> Tuple[List[Tuple[int, Step]], List[Tuple["LaneRows", "Accepted"]]]:
+        """Wait for the flight's decode; read each prompt chunk's outputs (the first tokens of the
+        lanes whose prompt it ends: their steps), and walk each decoding lane's trie on its rows,
+        keeping the accepted path on its home (what it accepted, to record); empty the scratch
         sequences and trim every lane it touched."""
         if f.error is not None:
             if f.current():
                 raise f.error
-            return []  # its lanes stopped since: nothing was lost
+            return [], []  # its lanes stopped since: nothing was lost
         target = self.target
         emitted: List[Tuple[int, Step]] = []
+        settled: List[Tuple[LaneRows, Accepted]] = []
         try:
             target.synchronize()
             # a batch's rows attend to their own lane's text: priced behind the longest
@@ -441,13 +481,13 @@ class Engine:
                     continue  # stopped or cut while its rows were decoded: their cells went with its text
                 window = logits[d.out + d.n_trie:d.out + d.n_trie + d.n_window]
                 window_tokens = tuple(int(t) for t in window.argmax(axis=1)) if d.n_window else None
-                step = self._settle(d, logits[d.out:], window_tokens, hidden[d.out:] if hidden is not None else None)
-                accepted += step.n_accepted
-                emitted.append((d.lane.home, step))
+                a = self._accept(d, logits[d.out:], window_tokens, hidden[d.out:] if hidden is not None else None)
+                accepted += len(a.path)
+                settled.append((d, a))
             self.shape.decoded(f.n_rows, accepted, f.verify, f.forgone)
         finally:
             self._release(f)
-        return emitted
+        return emitted, settled
 
     def _release(self, f: Flight) -> None:
         """Empty the scratch sequences a decode used and trim the lanes it touched."""
@@ -533,11 +573,12 @@ class Engine:
             out.append((ln.home, Step(tokens=[token], logprobs=logprobs, echoed=echoed, halt=halt)))
         return out
 
-    def _settle(self, d: "LaneRows", logits: np.ndarray, window_tokens: Optional[Tuple[int, ...]],
-                hidden: Optional[np.ndarray]) -> Step:
-        """Walk the lane's trie on its rows, keep the accepted path on its home, learn (the window
-        from the target's greedy tokens at its rows, when it rode; the hidden state of the row
-        the target's own token came from and its logits, when the decode output hidden states)."""
+    def _accept(self, d: "LaneRows", logits: np.ndarray, window_tokens: Optional[Tuple[int, ...]],
+                hidden: Optional[np.ndarray]) -> "Accepted":
+        """Walk the lane's trie on its rows and keep the accepted path on its home: its text goes
+        on. What the step's record needs of the decode's outputs is read now (the next decode
+        writes over them): the emitted tokens' log-probabilities, where the stopping criterion
+        stops, the hidden state and the logits of the row the target's own token came from."""
         ln, plan, seqs = d.lane, d.plan, d.seqs
         n = len(ln.tokens)
         trie = plan.trie
@@ -557,10 +598,15 @@ class Engine:
         ln.tokens += accepted + [token]
         ln.left -= len(accepted) + 1
         last = path[-1] if path else 0  # the row of the target's own token
-        outcome, step = settle(plan, path, token, window_tokens, ln.tokens, d.t_plan, logprobs, halt,
-                               # copies: the decode's buffers are reused by the next one
-                               (np.array(hidden[last]), np.array(logits[last])) if hidden is not None else None)
-        ln.speculator.learn(outcome)
+        read = (np.array(hidden[last]), np.array(logits[last])) if hidden is not None else None  # copies
+        return Accepted(path, token, window_tokens, logprobs, halt, read)
+
+    def _steps(self, d: "LaneRows", a: "Accepted") -> Step:
+        """The step's record, and what every source learns from it (the window from the target's
+        greedy tokens at its rows, when it rode; the hidden state and the logits, when read)."""
+        outcome, step = settle(d.plan, a.path, a.token, a.window_tokens, d.lane.tokens, d.t_plan, a.logprobs, a.halt,
+                               a.read)
+        d.lane.speculator.learn(outcome)
         return step
 
     def _trim(self, lanes: Sequence[Lane]) -> None:

@@ -121,7 +121,8 @@ class Speculator:
 
     def propose(self, tokens: Sequence[int], limits: Limits, sampling: SamplingConfig, rng: np.random.Generator,
                 constraint: Optional[Constraint] = None,
-                estimate: Optional[Callable[[Candidate], List[float]]] = None) -> "StepProposals":
+                estimate: Optional[Callable[[Candidate], List[float]]] = None,
+                before_asking: Callable[[], None] = lambda: None) -> "StepProposals":
         """Ask the cheap sources for candidates after ``tokens``, and each expensive source the
         planner expects to pay for its drafting. ``constraint``: the grammar's state after them,
         where the text has one: the target never takes a token the grammar forbids, so a
@@ -129,7 +130,8 @@ class Speculator:
         it, where verifying rejects it (cutting a draw before a token drawn for it would bias
         what is emitted there: the residual of speculative sampling is what keeps it exact).
         ``estimate``: each candidate token's acceptance, in place of the acceptance model's (the
-        replay's perfect estimates)."""
+        replay's perfect estimates). ``before_asking``: called once the gate says the sources are
+        asked, before they are (an engine that overlaps learns from plain steps late: then)."""
         def admit(cand: Candidate) -> Optional[Candidate]:
             cand = _until_end(cand, self.ends)
             if constraint is None:
@@ -141,6 +143,7 @@ class Speculator:
         if not self.sources or (not self.planner.fixed and not self.gate.ask(self._plain)):
             return StepProposals(tokens=tokens, limits=limits, candidates=[], rates=[], window=None, drafting=[],
                                  admit=admit, rate_of=rate_of, asked=False)
+        before_asking()
         candidates: List[Candidate] = []
         window: Optional[Window] = None
         budget = Budget(limits.max_depth, MAX_CANDIDATES)

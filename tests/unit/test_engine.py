@@ -19,6 +19,7 @@ from llamaspec.sources.base import Candidate, Proposal
 from llamaspec.config import SamplingConfig
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
 from llamaspec.sources.lookup import LookupSource
+from llamaspec.planning.gate import Gate
 from llamaspec.planning.planner import Limits, Planner
 from llamaspec.sampling import Mirostat, logprob_of, shape, transform
 from llamaspec.planning.speculator import Speculator
@@ -48,6 +49,42 @@ def test_greedy_output_is_plain_greedy_and_the_cache_holds_the_text_after_every_
     check_kv(ctx, eng.tokens)
     assert text == greedy_text(prompt, len(text)) and len(text) >= 40
     assert max(ctx.decodes[1:]) > 1  # candidates were verified in batches
+
+
+class Learning(LookupSource):
+    """Lookup that notes how many decodes its context had queued or done when it learnt each step."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx, self.at = ctx, []
+
+    def learn(self, outcome):
+        self.at.append(len(self.ctx.decodes))
+        super().learn(outcome)
+
+
+def test_an_engine_that_overlaps_learns_from_a_plain_step_after_queuing_the_next_and_plans_the_same(monkeypatch):
+    """Where the gate leaves the sources out (here every step but each third), what a step
+    teaches is learnt once the next decode is queued, or before the sources are asked again:
+    the same plans and tokens as learning at once, whatever the acceptance estimates learnt."""
+    def ask(gate, plain_cost):  # the gate, made to ask every third step whatever the times
+        gate.n = getattr(gate, "n", -1) + 1
+        gate.asked = gate.n % 3 == 0
+        gate._plain = plain_cost
+        return gate.asked
+    monkeypatch.setattr(Gate, "ask", ask)
+
+    def run(overlap):
+        ctx = FakeContext()
+        learning = Learning(ctx)
+        eng = OneText([learning, Oracle(k=4, wrong_after=1)], curve=REFERENCE_CPU, ctx=ctx, overlap=overlap)
+        steps = list(eng.steps(copying_prompt(), max_new=60))
+        return [(s.tokens, s.n_drafted, s.asked) for s in steps], learning.at
+
+    plain, overlapped = run(False), run(True)
+    assert overlapped[0] == plain[0] and sum(asked for *_, asked in plain[0][1:]) < len(plain[0]) - 1
+    assert plain[1] == list(range(2, len(plain[1]) + 2))  # step k learnt right after its own decode
+    assert any(at > k + 2 for k, at in enumerate(overlapped[1]))  # some after the next one's was queued
 
 
 class FailingContext(FakeContext):
