@@ -100,6 +100,8 @@ class Trie:
     def layout(self) -> "Layout":
         """Sequences for the leaves (depth first, the first leaf on sequence 0) and one batch row
         per node."""
+        if len(self.token) == 1:  # a plain step's
+            return Layout([], [0], 1)
         seqs: List[List[int]] = [[] for _ in self.token]
         n_seqs = 0
         stack = [0]
