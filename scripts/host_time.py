@@ -22,9 +22,11 @@ the script checks.
 
 Printed per answer, spec and overlap: target decodes, steps that asked the sources, tokens a
 decode, and the host's time a step: the wall time of the decoding over the decodes, less the
-decodes' own (best of ``--repeats``; every run a fresh load, as n-gram caches would otherwise
-remember the answer), and what that is of a step (host / (host + the decodes' mean time)).
-Machines differ, and the same one from run to run by a tenth or two: compare in one run.
+decodes' own, and what that is of a step (host / (host + the decodes' mean time)); and the
+median step's (from one decode queued to the next, less the decode's time: a plain step's,
+where the sources are asked now and then). Each the median of ``--repeats`` runs, every run a
+fresh load (n-gram caches would otherwise remember the answer). Machines differ, and one VM
+from run to run by a fifth: compare in one run, alternating, several times.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class NullDecode:
         self._rows = np.zeros((ctx.n_batch, ctx.model.n_vocab), np.float32)
         self._set: List[Tuple[int, int]] = []
         self._done = 0.0  # when the last decode queued ends (perf_counter's time)
+        self.queued: List[float] = []  # when each decode was queued
 
     def __getattr__(self, name: str):  # everything else is the context's own
         return getattr(self._ctx, name)
@@ -75,6 +78,7 @@ class NullDecode:
                 self._set.append((len(self._set), answer))
         seconds = self.curve.ms(len(rows)) / 1000
         self.decodes.append(seconds)
+        self.queued.append(time.perf_counter())
         self._done = time.perf_counter() + seconds
         if wait:
             self.synchronize()
@@ -102,7 +106,8 @@ class NullDecode:
 def run(model: Path, spec: str, cache: Path, prompt: List[int], answer: List[int], curve: CostCurve,
         overlap: bool):
     """One generation of ``answer`` after ``prompt`` over a null decode, the engine overlapping
-    its decodes or not: (stats, text equal, the host's exposed ms a step, the decodes' mean ms)."""
+    its decodes or not: (stats, text equal, the host's ms a step (mean, median step), the
+    decodes' mean ms)."""
     lm = llamaspec.load(str(model), spec=spec, n_threads=THREADS, n_ctx=8192, cache_dir=cache, progress=False)
     try:
         null = NullDecode(lm.engine.target, prompt + answer, curve)
@@ -111,7 +116,10 @@ def run(model: Path, spec: str, cache: Path, prompt: List[int], answer: List[int
         stats = result.stats
         decodes = null.decodes[1:]  # the prompt's decode is before t_decode's clock
         host = 1000 * (stats.t_decode - sum(decodes)) / stats.n_target_calls
-        return stats, result.tokens == answer[:len(result.tokens)], host, 1000 * sum(decodes) / max(len(decodes), 1)
+        # each step's: from one decode queued to the next, less the decode's own time
+        gaps = 1000 * (np.diff(null.queued)[1:] - np.array(null.decodes[1:-1]))
+        median = float(np.median(gaps)) if len(gaps) else host
+        return stats, result.tokens == answer[:len(result.tokens)], (host, median), 1000 * np.mean(decodes)
     finally:
         lm.close()
 
@@ -148,11 +156,14 @@ def main() -> None:
                 for overlap in args.overlap.split(","):
                     runs = [run(model, spec, cache, prompt, answer, curve, overlap == "on")
                             for _ in range(args.repeats)]
-                    stats, same, host, decode_ms = min(runs, key=lambda r: r[2])
+                    stats, _, _, decode_ms = runs[-1]
+                    host = float(np.median([r[2][0] for r in runs]))
+                    step = float(np.median([r[2][1] for r in runs]))
+                    same = all(r[1] for r in runs)
                     print(f"{name:12s} {spec:18s} overlap {overlap:3s}  decodes {stats.n_target_calls:3d}  "
                           f"asked {stats.n_asked:3d}  tokens/decode {stats.n_predict / stats.n_target_calls:.2f}  "
-                          f"host {host:.3f} ms a step ({host / (host + decode_ms):.1%} of a step)  "
-                          f"text {'equal' if same else 'DIFFERS'}")
+                          f"host {host:.3f} ms a step ({host / (host + decode_ms):.1%} of a step), "
+                          f"median step {step:.3f} ms  text {'equal' if same else 'DIFFERS'}")
 
 if __name__ == "__main__":
     main()

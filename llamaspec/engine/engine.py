@@ -14,10 +14,15 @@ prefix of ``tokens[:-1]``. One step::
     for each decoding lane, in turn:
         plan = its speculator's choice, its rows costing what they add to the rows before them
     pad the rows to the last decode's count where changing it costs more (planning/shape.py)
-    target.decode(every lane's rows)                       # ONE llama_decode
-    for each lane: walk its trie, keep the accepted path on its home, learn from its outcome
+    target.decode(every lane's rows)                       # ONE llama_decode (Engine._launch)
+    for each lane: walk its trie, keep the accepted path on its home (Engine._land)
     empty the scratch sequences, trim every home and its  # Engine._trim, the only place
         sources' caches
+    for each lane: record its step, its sources learn from its outcome
+
+On a GPU (``overlap``) a step queues the next decode between its landing and its records, so
+that the GPU decodes while the host records and the caller reads (Engine.step; a plain step's
+record waits until then, or until the sources are next asked).
 
 Three lanes in one batch: lane 0 verifies the trie ``I ─ a ─ b`` with the branch ``└ c`` (on
 scratch sequence 3), lane 1 decodes its pending token ``J`` plainly, lane 2 reads the last
