@@ -193,12 +193,11 @@ class LaneRows:
 class Flight:
     """A decode queued (and, unless the engine overlaps, done): every lane's rows, the prompt
     chunks read (lane, its text, first position, tokens, first output row, whether the prompt's
-    last), the scratch
-    sequences used and the lanes touched (emptied and trimmed when it lands), and what its
-    landing needs: the target's ``t_llama`` before it, the decode's verify costs (``verify``,
-    behind ``length``), whether its shape was warm, the plans' ``forgone`` score. ``error``: a
-    decode that could not be queued, raised when it would have landed unless every text it was
-    for (``texts``: lane, length) has stopped or changed since."""
+    last), the scratch sequences used and the lanes touched (emptied and trimmed when it lands),
+    and what its landing needs: the target's ``t_llama`` before it, the decode's verify costs
+    (``verify``, behind ``length``), whether its shape was warm, the plans' ``forgone`` score.
+    ``error``: a decode that could not be queued, raised when it would have landed unless every
+    text it was for (``texts``: lane, its text, its length) has stopped or changed since."""
 
     lanes_rows: List[LaneRows] = field(default_factory=list)
     chunks: List[Tuple[Lane, List[int], int, int, int, bool]] = field(default_factory=list)
@@ -352,10 +351,13 @@ class Engine:
                 self._flight = self._launch()
             except Exception as e:  # these steps' tokens are their texts' already: the error waits for the next step
                 self._flight = Flight(error=e, texts=[(ln, ln.tokens, len(ln.tokens)) for ln in self.lanes if ln.live])
+        return emitted + self._records()
+
+    def _records(self) -> List[Tuple[int, Step]]:
+        """Every settled step recorded, and taken."""
         self._record(len(self._unrecorded))
-        emitted += self._recorded
-        self._recorded = []
-        return emitted
+        recorded, self._recorded = self._recorded, []
+        return recorded
 
     def _record(self, n: int) -> None:
         """Record the first ``n`` steps settled and not recorded: each one's Step, and what every
@@ -377,10 +379,7 @@ class Engine:
         if flight is None:
             return []
         emitted, self._unrecorded = self._land(flight)
-        self._record(len(self._unrecorded))
-        emitted += self._recorded
-        self._recorded = []
-        return emitted
+        return emitted + self._records()
 
     def _launch(self) -> Optional[Flight]:
         """Every lane's rows, laid out and queued in one decode (waited for unless ``overlap``):
