@@ -59,8 +59,10 @@ def test_openai_shapes_of_log_probabilities(qwen_small_auto):
                                                            max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
                                                            stream=True))
     again = [e for c in streamed if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
-    assert [e["token"] for e in again] == [e["token"] for e in content]  # the prompt now cached: rows alike, not
-    assert all(abs(a["logprob"] - b["logprob"]) < 0.1 for a, b in zip(again, content))  # bit for bit
+    assert [e["token"] for e in again] == [e["token"] for e in content]  # the prompt now cached, and the answer
+    # copied from the first in one verify batch where the gate asks: rows alike as a batch moves a row (at
+    # most 0.34 of the top-1/top-2 gap on this model, docs/results.md), not bit for bit
+    assert all(abs(a["logprob"] - b["logprob"]) < NEAR_TIE for a, b in zip(again, content))
     text = qwen_small_auto.create_completion("The capital of France is", max_tokens=6, temperature=0, logprobs=3)
     lp = text["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == text["choices"][0]["text"] and len(lp["top_logprobs"][0]) == 3
