@@ -218,7 +218,7 @@ class Flight:
     def current(self) -> bool:
         """Whether any of its rows still speaks for its lane's text."""
         return any(current(d.lane, d.text, d.n_tokens) for d in self.lanes_rows) or \
-            any(ln.state == "prompt" and ln.tokens is text for ln, text, *_ in self.chunks) or \
+            any(reading(ln, text) for ln, text, *_ in self.chunks) or \
             any(current(ln, text, n) for ln, text, n in self.texts)
 
 
@@ -240,6 +240,11 @@ def current(lane: Lane, text: List[int], n_tokens: int) -> bool:
     """Whether rows laid out for ``lane`` when its text was ``text`` of ``n_tokens`` tokens still
     speak for it (no stop, cut or new text since)."""
     return lane.state == "decoding" and lane.tokens is text and len(text) == n_tokens
+
+
+def reading(lane: Lane, text: List[int]) -> bool:
+    """Whether a prompt chunk laid out for ``lane`` when its text was ``text`` still speaks for it."""
+    return lane.state == "prompt" and lane.tokens is text
 
 
 class Engine:
@@ -355,9 +360,12 @@ class Engine:
 
     def _records(self) -> List[Tuple[int, Step]]:
         """Every settled step recorded, and taken."""
-        self._record(len(self._unrecorded))
+        self._record_all()
         recorded, self._recorded = self._recorded, []
         return recorded
+
+    def _record_all(self) -> None:
+        self._record(len(self._unrecorded))
 
     def _record(self, n: int) -> None:
         """Record the first ``n`` steps settled and not recorded: each one's Step, and what every
@@ -418,8 +426,7 @@ class Engine:
             for ln in order:  # what is asked of the sources, before any lane's rows are laid out
                 t0 = time.perf_counter()
                 asked.append(ln.speculator.propose(ln.tokens, self._limits(ln, committed, len(free)), ln.sampling,
-                                                   ln.rng, ln.constraint,
-                                                   before_asking=lambda: self._record(len(self._unrecorded))))
+                                                   ln.rng, ln.constraint, before_asking=self._record_all))
                 t_ask.append(time.perf_counter() - t0)
             drafted = iter(rounds.together([drafting for a in asked for _, drafting in a.drafting]))
             for ln, a, t in zip(order, asked, t_ask):
@@ -471,7 +478,7 @@ class Engine:
             logits = target.logits(f.n_out)
             hidden = target.hidden(f.n_out) if f.read_hidden else None
             for ln, text, start, take, out, last in f.chunks:
-                if ln.state != "prompt" or ln.tokens is not text:
+                if not reading(ln, text):
                     continue  # stopped while its chunk was decoded
                 ln.cached += ln.tokens[start:start + take]
                 if ln.echoed is not None:  # row i read token start + i; the next one is the prompt's
