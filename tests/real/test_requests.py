@@ -18,7 +18,7 @@ from llamaspec.errors import ConfigError
 from llamaspec.sampling import Mirostat, Uniforms, sample_at
 
 from conftest import QWEN, QWEN_DRAFT, THREADS, PROMPTS, assert_one_line_error, run
-from checks import NEAR_TIE, Server
+from checks import NEAR_TIE, Server, assert_as_alone
 
 
 HEAD = "def median(values):\n    \"\"\"The median of a non-empty list of numbers.\"\"\"\n"
@@ -36,7 +36,7 @@ def test_log_probabilities_under_speculation_are_plain_decoding_s(qwen_small_pla
     lookup = module_spec(QWEN_DRAFT, spec="lookup", fixed=("lookup",))  # verified every step, whatever it costs here
     auto = lookup.generate(PROMPTS[2], max_tokens=64, temperature=0, logprobs=5, **shaping)
     assert auto.stats.n_accept >= 16  # tokens whose rows a verify batch computed
-    same = next((k for k, (x, y) in enumerate(zip(auto.tokens, plain.tokens)) if x != y), len(plain.tokens))
+    same = first_difference(auto.tokens, plain.tokens)
     assert same > 32
     chosen = []
     for ours, theirs in zip(auto.logprobs[:same], plain.logprobs[:same]):
@@ -59,10 +59,14 @@ def test_openai_shapes_of_log_probabilities(qwen_small_auto):
                                                            max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
                                                            stream=True))
     again = [e for c in streamed if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
-    assert [e["token"] for e in again] == [e["token"] for e in content]  # the prompt now cached, and the answer
-    # copied from the first in one verify batch where the gate asks: rows alike as a batch moves a row (at
-    # most 0.34 of the top-1/top-2 gap on this model, docs/results.md), not bit for bit
-    assert all(abs(a["logprob"] - b["logprob"]) < NEAR_TIE for a, b in zip(again, content))
+    # the prompt now cached, and the answer copied from the first in one verify batch where the gate asks:
+    # rows alike as a batch moves a row (at most 0.34 of the top-1/top-2 gap on this model,
+    # docs/results.md), not bit for bit; so the same tokens, or parting first at a near-tie of the first's
+    same = first_difference([e["token"] for e in again], [e["token"] for e in content])
+    assert all(abs(a["logprob"] - b["logprob"]) < NEAR_TIE for a, b in zip(again[:same], content))
+    if (same, same) != (len(again), len(content)):
+        top = {e["token"]: e["logprob"] for e in content[same]["top_logprobs"]}
+        assert top.get(again[same]["token"], -np.inf) > content[same]["logprob"] - NEAR_TIE, (again[same], top)
     text = qwen_small_auto.create_completion("The capital of France is", max_tokens=6, temperature=0, logprobs=3)
     lp = text["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == text["choices"][0]["text"] and len(lp["top_logprobs"][0]) == 3
@@ -185,13 +189,24 @@ def test_fill_in_the_middle_completes_a_function_body(qwen_small_auto, qwen_smal
     assert tokens[0] == fim["pre"] and tokens[-1] == fim["mid"] and fim["suf"] in tokens
 
 
-def test_echo_returns_the_prompt_then_the_text(qwen_small_auto):
-    answer = qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True)
-    alone = qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0)
-    assert answer["choices"][0]["text"] == "The capital of France is" + alone["choices"][0]["text"]
-    chunks = list(qwen_small_auto.create_completion("The capital of France is", max_tokens=5, temperature=0, echo=True,
-                                                    stream=True))
-    assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
+def assert_answers_alike(model, ref, prompt, text, expected, label=""):
+    """Two greedy answers to ``prompt`` from ``model`` (with speculation): the same, or parting first
+    at a near-tie. A later call may copy an earlier call's answer from lookup's history and verify
+    it in one batch, which moves a row of the 0.5B by up to 0.34 (docs/results.md)."""
+    ours, theirs = (model.tokenize(t, add_special=False) for t in (text, expected))
+    assert_as_alone(ref, model.tokenize(prompt), ours, theirs, label)
+
+
+def test_echo_returns_the_prompt_then_the_text(qwen_small_auto, reference):
+    prompt = "The capital of France is"
+    answer = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True)["choices"][0]["text"]
+    alone = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0)["choices"][0]["text"]
+    assert answer.startswith(prompt) and len(answer) > len(prompt)
+    assert_answers_alike(qwen_small_auto, reference(QWEN_DRAFT), prompt, answer[len(prompt):], alone, "echo")
+    chunks = list(qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, stream=True))
+    assert chunks[0]["choices"][0]["text"] == prompt
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert_answers_alike(qwen_small_auto, reference(QWEN_DRAFT), prompt, streamed[len(prompt):], alone, "streamed")
 
 
 def test_echo_with_logprobs_scores_the_prompt(qwen_small_auto, reference):
@@ -202,12 +217,15 @@ def test_echo_with_logprobs_scores_the_prompt(qwen_small_auto, reference):
     answer = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, echo=True, logprobs=2)
     alone = qwen_small_auto.create_completion(prompt, max_tokens=5, temperature=0, logprobs=2)
     lp, own = answer["choices"][0]["logprobs"], alone["choices"][0]["logprobs"]
-    assert "".join(lp["tokens"]) == answer["choices"][0]["text"] == prompt + alone["choices"][0]["text"]
+    text = answer["choices"][0]["text"]
+    assert "".join(lp["tokens"]) == text and text.startswith(prompt)
     n = len(tokens)
-    assert lp["tokens"][n:] == own["tokens"]
-    # the same tokens; their log-probabilities come from decodes of other shapes (the prompt read
-    # with the echo, drafts of other lengths), which round differently in the last digits on a CPU
-    assert np.allclose(lp["token_logprobs"][n:], own["token_logprobs"], atol=0.1)
+    assert_answers_alike(qwen_small_auto, reference(QWEN_DRAFT), prompt, text[len(prompt):],
+                         alone["choices"][0]["text"], "echo")
+    # where the tokens agree, their log-probabilities come from decodes of other shapes (the prompt
+    # read with the echo, drafts of other lengths, a copied answer verified in one batch)
+    same = first_difference(lp["tokens"][n:], own["tokens"])
+    assert same > 0 and np.allclose(lp["token_logprobs"][n:n + same], own["token_logprobs"][:same], atol=NEAR_TIE)
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     expected = reference(QWEN_DRAFT).prompt_logprobs(tokens)
     assert np.allclose(lp["token_logprobs"][1:n], expected, atol=1e-4), (lp["token_logprobs"][1:n], expected)
@@ -218,7 +236,9 @@ def test_echo_with_logprobs_scores_the_prompt(qwen_small_auto, reference):
                                                     stream=True))
     assert chunks[0]["choices"][0]["text"] == prompt and chunks[0]["choices"][0]["logprobs"] == {
         key: value[:n] for key, value in lp.items()}
-    assert "".join(c["choices"][0]["text"] for c in chunks) == answer["choices"][0]["text"]
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert_answers_alike(qwen_small_auto, reference(QWEN_DRAFT), prompt, streamed[len(prompt):], text[len(prompt):],
+                         "streamed")
     samples = qwen_small_auto.create_completion(prompt, max_tokens=3, temperature=0.8, seed=3, n=2, echo=True,
                                                 logprobs=1)
     first, second = (c["logprobs"]["token_logprobs"][:n] for c in samples["choices"])
