@@ -7,7 +7,8 @@ the same piece of text. On the target's own answers that is the text itself; on 
 
     piece       rows: hidden states (d floats each)   labels: the target's argmax per row
     answer      the prompt's last row, then one row per generated token (greedy, plain decoding;
-                GROUP answers decoded together, one row each per decode)
+                GROUP answers decoded together, one row each per decode, a prompt begun where
+                an answer ended)
     text        windows of n_batch tokens, each read from position 0 in one decode
 """
 
@@ -20,7 +21,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -142,48 +143,57 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
             progress: Callable[[int], None] = lambda n: None, deadline: float = math.inf
             ) -> Tuple[List[States], bool]:
     """The target's greedy answers to ``prompts`` (up to ``n_new`` tokens each or an end of
-    generation), decoded together: prompt j in sequence j, one row per unfinished answer in each
-    decode, until ``deadline``. Each answer's rows: its prompt's last row, then every generated
-    token's, as they are read; ``pieces[j]`` names answer j's rows. Returns the answers, and
-    whether a Ctrl-C cut them short (the rows read so far are kept, as at the deadline). The
-    context needs a sequence per prompt.
+    generation), decoded together until ``deadline``: as many at once as the context has
+    sequences, a prompt taking the sequence of an answer that ended (continuous batching), one
+    row per answer going on in each decode. Each answer's rows: its prompt's last row, then every
+    generated token's, as they are read; ``pieces[j]`` names answer j's rows. Returns the answers,
+    and whether a Ctrl-C cut them short (the rows read so far are kept, as at the deadline).
 
-        decode t:   seq 0  seq 1  seq 2      (an answer that ended drops out)
-        rows        a0[t]  a1[t]  a2[t]      each row's argmax is its answer's token t+1
+        decode t:   seq 0  seq 1  seq 2      (a prompt takes the sequence of an answer that ended)
+        rows        a0[t]  a4[t]  a2[t]      each row's argmax is its answer's token after it
 
-    The prompts are read side by side, their shared prefix (the chat template's system message)
-    once, without outputs (a fifth of the 1.5B's time on 32 default answers when each prompt was
-    read alone, a decode of its own). A decode of many rows may leave plain decoding's text at
-    near-ties (on 2 AMD EPYC cores, 27 of the 1.5B's 32 default answers did, at top-2
-    probabilities such as 0.36 / 0.35): the labels are still the target's own tokens as read.
+    Every decode thus has a row in each sequence until the prompts run out (with answers decoded
+    in groups that ended together, the decodes grew thinner as answers ended, and the 1.5B read
+    47 rows/s on 2 AMD EPYC cores: 31 rows cost as much as 32 there, 5 rows a quarter of them).
+    The prompts' shared prefix (the chat template's system message) is read once and kept in
+    every sequence; the rest of each prompt is read when it takes its sequence, side by side
+    with the others starting then, without outputs. A decode of many rows may leave plain
+    decoding's text at near-ties (on 2 AMD EPYC cores, 27 of the 1.5B's 32 default answers did,
+    at top-2 probabilities such as 0.36 / 0.35): the labels are still the target's own tokens
+    as read.
     """
     n_ctx = ctx.n_ctx // ctx.n_seq_max
     prompts = [list(p)[-(n_ctx - n_new - 1):] for p in prompts]
     rows: List[List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in prompts]  # (hidden, top, top_p)
+    waiting = list(range(len(prompts)))[::-1]  # prompts not yet begun, the next last
+    free = list(range(min(ctx.n_seq_max, len(prompts))))[::-1]  # sequences without an answer
+    going: Dict[int, Tuple[int, int, int]] = {}  # sequence: (answer, token, position)
     cut = False
     try:
         ctx.seq_rm(-1, -1, -1)
-        # all but each prompt's last token, no outputs: the prefix the prompts share (the chat
-        # template's system message) once for every sequence, then the rest side by side
-        shared = _shared_prefix([p[:-1] for p in prompts])
-        _decode_all(ctx, [(t, i, (0,), False) for i, t in enumerate(prompts[0][:shared])])
-        for j in range(1, len(prompts) if shared else 0):
-            ctx.seq_cp(0, j)
-        _decode_all(ctx, [(t, shared + i, (j,), False)
-                          for j, p in enumerate(prompts) for i, t in enumerate(p[shared:-1])])
-        going = {j: (p[-1], len(p) - 1) for j, p in enumerate(prompts)}  # sequence: (token, position)
-        for _ in range(n_new + 1):
+        shared = _shared_prefix([p[:-1] for p in prompts]) if prompts else 0
+        _decode_all(ctx, [(t, i, (0,), False) for i, t in enumerate(prompts[0][:shared])] if shared else [])
+        for seq in range(1, len(free) if shared else 0):
+            ctx.seq_cp(0, seq)
+        while True:
+            begun = [(free.pop(), waiting.pop()) for _ in range(min(len(free), len(waiting)))]
+            _decode_all(ctx, [(t, shared + i, (seq,), False)
+                              for seq, j in begun for i, t in enumerate(prompts[j][shared:-1])])
+            going.update((seq, (j, prompts[j][-1], len(prompts[j]) - 1)) for seq, j in begun)
             seqs = list(going)
             if not seqs or perf_counter() >= deadline:
                 break
-            ctx.decode_rows([(going[j][0], going[j][1], (j,), True) for j in seqs], hidden=True)
+            ctx.decode_rows([(going[s][1], going[s][2], (s,), True) for s in seqs], hidden=True)
             hidden = np.array(ctx.hidden(len(seqs)))
             top, top_p = best(ctx.logits(len(seqs)))
-            for r, j in enumerate(seqs):
+            for r, s in enumerate(seqs):
+                j, _, pos = going[s]
                 rows[j].append((hidden[r], top[r], top_p[r]))
-                going[j] = (int(top[r, 0]), going[j][1] + 1)
-                if model.is_eog(int(top[r, 0])):
-                    del going[j]
+                going[s] = (j, int(top[r, 0]), pos + 1)
+                if model.is_eog(int(top[r, 0])) or len(rows[j]) > n_new:
+                    del going[s]
+                    ctx.seq_rm(s, shared, -1)  # the prefix stays for the next prompt
+                    free.append(s)
             progress(len(seqs))
     except KeyboardInterrupt:
         cut = True
@@ -250,8 +260,8 @@ def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int
             progress: Callable[[int], None] = lambda n: None, deadline: float = math.inf) -> Tuple[States, bool]:
     """The target's states on ``pieces`` until ``max_tokens`` rows or ``deadline``
     (``perf_counter``'s time; a decode begun before it ends after it), ``answer_tokens``
-    generated per prompt (consecutive prompts answered together, as many as the context has
-    sequences). Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
+    generated per prompt (consecutive prompts answered together, as many at once as the context
+    has sequences, ``answers``). Returns them and whether a Ctrl-C cut the reading short (what was read is kept)."""
     template: Optional[ChatTemplate] = None
     parts: List[States] = []
     n, i = 0, 0
@@ -262,8 +272,7 @@ def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int
                 n_new = min(answer_tokens, max_tokens - n)
                 room = -(-(max_tokens - n) // (n_new + 1))  # answers the rows left can hold (n_new + 1 rows each)
                 group = [i]
-                while len(group) < min(ctx.n_seq_max, room) and i + len(group) < len(pieces) \
-                        and pieces[i + len(group)].kind == "answer":
+                while len(group) < room and i + len(group) < len(pieces) and pieces[i + len(group)].kind == "answer":
                     group.append(i + len(group))
                 prompts = [model.tokenize(template.render([{"role": "user", "content": pieces[j].text}]),
                                           add_special=False, parse_special=True) for j in group]

@@ -141,22 +141,30 @@ def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
 
 
 def test_the_default_mix_s_answers_are_the_target_s_greedy_text(model_file):
-    """training.data.answers: three answers decoded together, one row per generated token,
-    labelled with the token plain decoding emits there (its best, first in the row's best
-    tokens), the pending token the same; a decode of three rows may leave plain's text only at a
-    near-tie."""
+    """training.data.answers: three answers decoded two at a time (the third prompt read into the
+    sequence of the first answer to end, after the prefix the prompts share), one row per
+    generated token, labelled with the token plain decoding emits there (its best, first in the
+    row's best tokens), the pending token the same; a decode of two rows may leave plain's text
+    only at a near-tie."""
     from llamaspec.training.data import answers
     path = model_file(SMOL)
     model = Model(path)
-    ctx = model.context(3 * 512, THREADS, 512, 3)
+    ctx = model.context(2 * 512, THREADS, 512, 2)
     asks = ["Write a Python function that adds two numbers.", "Name three rivers in Europe.", "What is a prime?"]
     try:
         prompts = [model.tokenize(chatml(a), add_special=False, parse_special=True) for a in asks]
         got, cut = answers(ctx, model, prompts, 12, [4, 5, 6])
+        alone = model.context(512, THREADS, 512, 1)
+        try:  # the hidden state of each prompt's last row, each prompt read alone
+            first = [answers(alone, model, [p], 0, [0])[0][0].hidden[0] for p in prompts]
+        finally:
+            alone.close()
     finally:
         ctx.close()
         model.close()
     assert not cut and len(got) == 3
+    for states, h in zip(got, first):  # the third prompt read after the prefix it shares with the others, kept
+        assert np.abs(states.hidden[0] - h).max() <= 0.01 * np.abs(h).max()
     spec = llamaspec.load(str(path), spec="none", n_threads=THREADS, progress=False)
     try:
         plain = [spec.generate(p, max_tokens=13, temperature=0).tokens for p in prompts]
