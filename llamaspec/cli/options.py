@@ -125,7 +125,7 @@ def source_options(registry: Registry) -> Dict[str, Callable]:
     for keyword, (option, default) in registry.options().items():
         if option.flag is None:
             continue
-        kind = click.Path(path_type=Path) if option.path else type(default)
+        kind = click.Path() if option.path else type(default)  # a path as the config's str: bench's JSON writes it
         out[keyword] = click.option(option.flag, keyword, type=kind, default=default,
                                     show_default=default is not None, help=option.help)
     for p in registry.plugins:

@@ -42,14 +42,17 @@ def test_suite_covers_where_speculation_should_and_should_not_help(smol_plain):
         load_suite(["open_chat", "nope"])
 
 
-def test_bench_end_to_end(smol, tmp_path):
+def test_bench_end_to_end(smol, smol_heads, tmp_path):
+    """Every strategy on a suite prompt and a file's, with a heads file given (the report keeps
+    its path as the JSON's text): the report's fields, its JSON, the table and the plot."""
     own = tmp_path / "repeat_list.txt"
     own.write_text("Repeat this list exactly: alpha, beta, gamma, delta, epsilon.")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     strategies = ["plain", "lookup", "lookahead", "draft", "auto"]
     result = run("bench", "-m", smol, "-md", smol, "-t", str(THREADS), "-c", "1024", "-n", "8", "--draft-max", "4",
                  "--draft-p-min", "0", "--prompts", "open_chat", "-f", str(own), "--repeat", "2",
-                 "--strategies", "lookup,lookahead,draft,auto", "--json", str(out), "--plot", str(png))
+                 "--strategies", "lookup,lookahead,draft,auto", "--heads", str(smol_heads), "--json", str(out),
+                 "--plot", str(png))
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     validate_report(report)
@@ -57,6 +60,7 @@ def test_bench_end_to_end(smol, tmp_path):
     assert [(p["name"], p["n_prompt"] > 10) for p in report["prompts"]] == [("open_chat", True), ("repeat_list", True)]
     assert all(p["copy_bound"] >= 1.0 for p in report["prompts"])
     assert report["settings"]["n_predict"] == 8 and report["settings"]["repeat"] == 2
+    assert report["settings"]["sources"]["heads"] == str(smol_heads)
     assert report["machine"]["threads"] == THREADS and report["machine"]["backend"] == "cpu"
     rows = {(r["prompt"], r["strategy"]): r for r in report["rows"]}
     assert list(rows) == [(p, s) for p in ("open_chat", "repeat_list") for s in strategies]
@@ -77,7 +81,7 @@ def test_bench_end_to_end(smol, tmp_path):
                     if line.startswith(f"{prompt} ") and f" {strategy} " in line)
         assert f"{r['speedup']:.2f}x" in line and f"{r['decode_tps_median']:.2f}" in line and r["output"] in line
     assert rows[("open_chat", "plain")]["output"] == "same"  # plain twice: deterministic
-    assert set(rows[("repeat_list", "auto")]["sources"]) <= {"lookup", "lookahead", "draft"}
+    assert set(rows[("repeat_list", "auto")]["sources"]) <= {"lookup", "lookahead", "draft", "heads"}
     assert "copy-oracle bound: open_chat " in result.stdout
     assert all(s["load_rss_mb"] > 0 for s in report["strategies"])
     assert "memory added by loading each strategy" in result.stdout
