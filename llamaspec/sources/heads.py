@@ -111,6 +111,16 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def largest(row: np.ndarray, n: int) -> np.ndarray:
+    """The indices of ``row``'s ``n`` largest values, largest first: n argmaxes over a copy (on a
+    map of 4,770 tokens, 5 us for 4 where argpartition took 45)."""
+    row, top = row.copy(), np.empty(n, np.int64)
+    for i in range(n):
+        top[i] = j = row.argmax()
+        row[j] = -np.inf
+    return top
+
+
 def map_index(tokens: np.ndarray, y: Any) -> Tuple[Any, Any]:
     """Where token(s) ``y`` sit in the sorted map ``tokens`` (a valid index either way), and
     whether they are on it."""
@@ -334,9 +344,9 @@ class HeadsSource(Source):
                 break
             at = self.heads.head(self.heads.start(h, self._base(h, logits)) if at is None else at, read)
             row = at.logits
-            top = np.argpartition(row, -RANKS)[-RANKS:]
-            p = np.exp(row[top] - row.max())
-            p /= np.exp(row - row.max()).sum()
+            top = largest(row, RANKS)
+            p = np.exp(row[top] - row[top[0]])
+            p /= np.exp(row - row[top[0]]).sum()
             seen = self.heads.calibration[k - 1, np.rint(10 * p).astype(np.int64)]
             keys = [Guess(k, int(np.rint(10 * q))) for q in seen]
             rates = [budget.rates.get(key, PRIORS[key]) for key in keys]

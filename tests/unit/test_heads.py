@@ -20,7 +20,8 @@ from llamaspec.planning.speculator import Speculator, _share
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
-from llamaspec.sources.heads import FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, silu, tree
+from llamaspec.sources.heads import (FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, largest, silu,
+                                   tree)
 from llamaspec.training.fit import (DEPTH_1, Adam, chain_step, folded, held_out, split, targets, token_map, TrainConfig,
                                     train)
 from llamaspec.training.data import SPREAD, States, best
@@ -74,6 +75,15 @@ def test_tree_keeps_the_paths_worth_most_and_their_prefixes():
     assert tree([], 8, 3) == [] and tree(guesses, 0, 3) == []
     # a deeper head follows its predecessor's best token only: (0, 1) and (1,) are never extended
     assert tree(guesses, max_nodes=7, max_len=3) == [[0, 1], [1], [0, 0, 0], [0, 0, 1]]
+
+
+def test_a_head_s_best_tokens_are_its_largest_logits_largest_first():
+    rng = np.random.default_rng(5)
+    for n in (1, 4, 9):
+        row = rng.normal(0, 3, 9).astype(np.float32)
+        kept = row.copy()
+        assert list(largest(row, n)) == list(np.argsort(-row)[:n])
+        assert np.array_equal(row, kept)  # the logits are the next head's start: left as they were
 
 
 def test_heads_file_round_trip_and_its_errors(tmp_path):
