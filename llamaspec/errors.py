@@ -26,7 +26,13 @@ class LlamaspecError(Exception):
 
 
 class ConfigError(LlamaspecError, ValueError):
-    """A parameter is out of range or parameters contradict each other."""
+    """A parameter is out of range or parameters contradict each other. ``where``: the field of
+    a request at fault, when there is one (``messages[2].content[0].type``): the message's first
+    words, and the ``param`` of the server's error."""
+
+    def __init__(self, problem: str = "", where: str = "") -> None:
+        self.where = where
+        super().__init__(f"{where}: {problem}" if where else problem)
 
 
 class GrammarError(ConfigError):
@@ -38,12 +44,12 @@ class GrammarError(ConfigError):
     MAX_MESSAGE = 300
 
     def __init__(self, problem: str, where: str = "") -> None:
-        self.problem, self.where = problem, where
         shown = where if len(where) <= 96 else _ends(where)
         message = " ".join(f"{shown}: {problem}".split() if where else problem.split())
         if len(message) > self.MAX_MESSAGE:
             message = message[:self.MAX_MESSAGE - 3] + "..."
         super().__init__(message)
+        self.problem, self.where = problem, where
 
     def within(self, field: str) -> "GrammarError":
         """This error, found in the request's ``field``."""

@@ -30,7 +30,7 @@ STOP_REASONS = ("stop", "length", "context", "interrupted")
 class Result:
     """A generation. ``stop_reason``: "stop" (end of generation or a stop string), "length"
     (max_tokens reached), "context" (the context is full) or "interrupted" (the stream was
-    closed before it ended). ``dropped_turns``: the oldest chat turns left out so that the
+    closed before it ended); ``stop_string``: the stop string that ended it, if one did. ``dropped_turns``: the oldest chat turns left out so that the
     conversation fits the context. ``warnings``: what went wrong after the text was complete
     (saving a dynamic n-gram cache). ``logprobs``: each token's, when they were asked for;
     ``prompt_logprobs``: each prompt token's after the first, when asked for (echo)."""
@@ -43,6 +43,7 @@ class Result:
     warnings: List[str] = field(default_factory=list)
     logprobs: Optional[List[TokenLogprob]] = None
     prompt_logprobs: Optional[List[TokenLogprob]] = None
+    stop_string: Optional[str] = None
 
 
 @dataclass
@@ -121,7 +122,8 @@ class Collector:
         self.stats.t_decode = time.perf_counter() - self._t0
         self.stats.stop_reason = self.stop_reason
         self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
-                              logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs)
+                              logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+                              stop_string=self.text.stop_string)
         return self._result
 
     def tail(self) -> Chunk:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 class TextStream:
@@ -20,6 +20,7 @@ class TextStream:
         self.text = ""
         self._emitted = 0
         self.stopped = False
+        self.stop_string: Optional[str] = None  # the stop string that ended the text, if one did
         self.incomplete = 0
 
     @property
@@ -46,9 +47,9 @@ class TextStream:
 
     def _release(self, final: bool) -> str:
         start = self._emitted
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
         if hits:
-            cut = min(hits)
+            cut, self.stop_string = min(hits, key=lambda hit: hit[0])
             self.text = self.text[:cut]
             self.stopped = True
         else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ..errors import ConfigError, GrammarError, shown
@@ -243,19 +244,15 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
     messages = legacy_messages(messages)
     if top_logprobs is not None and not logprobs:
         raise ConfigError("top_logprobs needs logprobs: true")
-    called = Tools.of(tools, tool_choice)
-    rules = grammar_with(called, requested_grammar(response_format, grammar, json_schema))
-    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed, rules,
+    opts = options(max_tokens, temperature, top_p, min_p, top_k, stop, seed,
+                   requested_grammar(response_format, grammar, json_schema),
                    shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p),
                    mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta))
     opts["logprobs"] = (top_logprobs or 0) if logprobs else None
     opts["logits_processor"] = logits_processor
-    chat = [with_calls(m, _text_message(m)) for m in messages]
-    shown = template_tools(spec.chat_template(), called, chat)
-    tokens, dropped = spec.chat_prompt(chat, opts["max_tokens"], trim, tools=shown)
+    run = start_chat(spec, messages, tools, tool_choice, opts, trim, n, batcher)
+    events, names = run.events, run.names
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
-    names = called.names if called is not None and called.calls else None  # None: the reply is plain text
-    events = _start(spec, batcher, tokens, n, opts)
     if stream:
         chunks = _chat_chunks(spec, events, n, head, abandoned, names)
         return legacy_chunks(chunks) if legacy else chunks
@@ -266,6 +263,57 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
                              "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
                             for i, r in enumerate(results)], **_totals(results)}
     return legacy_reply(response) if legacy else response
+
+
+@dataclass
+class ChatRun:
+    """A chat reply under way: its ``events``, the ``names`` of the tools its text is read for
+    calls of (None: the reply is plain text) and its prompt's length in tokens."""
+
+    events: "Events"
+    names: Optional[List[str]]
+    n_prompt: int
+
+
+def start_chat(spec: Generator, messages: Sequence[Dict[str, Any]], tools: Any, tool_choice: Any,
+               opts: Dict[str, Any], trim: bool = False, n: int = 1, batcher: Any = None) -> ChatRun:
+    """Starts the reply to chat ``messages`` (OpenAI's shapes, tool calls and results included)
+    with ``tools`` and ``tool_choice`` (OpenAI's) and generation options ``opts`` (``options``);
+    a choice of calls replaces ``opts``' grammar by the calls' (ConfigError for both). Every API
+    that chats (OpenAI's chat completions and Responses, Anthropic's Messages) starts here."""
+    called = Tools.of(tools, tool_choice)
+    opts = {**opts, "grammar": grammar_with(called, opts.get("grammar"))}
+    tokens = chat_tokens(spec, messages, called, opts["max_tokens"], trim)
+    names = called.names if called is not None and called.calls else None
+    return ChatRun(_start(spec, batcher, tokens, n, opts), names, len(tokens))
+
+
+def chat_tokens(spec: Generator, messages: Sequence[Dict[str, Any]], called: Optional[Tools],
+                max_tokens: int = -1, trim: bool = False) -> List[int]:
+    """The prompt of chat ``messages`` with the tools ``called`` (Tools.of), rendered with the
+    model's template (PromptError where it leaves no room for ``max_tokens``, unless ``trim``)."""
+    chat = [with_calls(m, _text_message(m)) for m in messages]
+    shown = template_tools(spec.chat_template(), called, chat)
+    return spec.chat_prompt(chat, max_tokens, trim, tools=shown)[0]
+
+
+def reply_events(run: ChatRun, abandoned: Optional[threading.Event] = None) -> Iterator[Tuple[str, Any]]:
+    """A one-choice reply as it comes: ("content", text), ("call", an OpenAI call) and last
+    ("end", its Result), text read for calls where the run has tools to call."""
+    reader = CallReader(run.names) if run.names is not None else None
+    try:
+        for _, chunk, _ in _read(run.events, 1, abandoned):
+            if reader is None:
+                if chunk.text:
+                    yield "content", chunk.text
+            else:
+                yield from reader.feed(chunk.text) if chunk.text else []
+                if chunk.result is not None:
+                    yield from reader.finish()
+            if chunk.result is not None:
+                yield "end", chunk.result
+    finally:
+        run.events.close()  # a reader that stops early stops the generation
 
 
 def _reply(text: str, names: Optional[List[str]]) -> Response:
@@ -395,8 +443,14 @@ def _totals(results: Sequence[Result]) -> Response:
     """The response's usage (the prompt counted once) and llama-server's timings, summed over choices."""
     stats = results[0].stats if len(results) == 1 else aggregate(results)
     prompt, completion = stats.n_prompt, sum(len(r.tokens) for r in results)
-    return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                      "prompt_tokens_details": {"cached_tokens": cached(stats)}},
             "timings": timings(stats)}
+
+
+def cached(stats: Stats) -> int:
+    """The prompt's tokens reused from the KV cache, not read again."""
+    return stats.n_prompt - stats.n_prompt_eval
 
 
 def _text_message(message: Dict[str, Any]) -> Dict[str, str]:
@@ -508,7 +562,8 @@ def finish_reason(result: Result) -> str:
 
 
 def timings(s: Stats) -> Dict[str, float]:
-    """llama-server's figures: prompt tokens evaluated now, generated tokens, drafted and accepted."""
-    return {"prompt_n": s.n_prompt_eval, "prompt_ms": 1000 * s.t_prompt, "prompt_per_second": s.prompt_tps,
+    """llama-server's figures: prompt tokens reused from the cache and evaluated now, generated
+    tokens, drafted and accepted."""
+    return {"cache_n": cached(s), "prompt_n": s.n_prompt_eval, "prompt_ms": 1000 * s.t_prompt, "prompt_per_second": s.prompt_tps,
             "predicted_n": s.n_predict, "predicted_ms": 1000 * s.t_decode, "predicted_per_second": s.decode_tps,
             "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept}

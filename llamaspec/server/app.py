@@ -30,6 +30,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ..openai import completions
+from . import anthropic
+from .events import Events, OpenAIEvents
 from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
 from .schemas import SHAPES, ChatRequest, CompletionRequest, InfillRequest
 
@@ -192,44 +194,50 @@ def depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def error(status: int, message: str, kind: str, param: Optional[str] = None) -> JSONResponse:
+def error(status: int, message: str, kind: str, param: Optional[str] = None, path: str = "") -> JSONResponse:
+    """An error in the shape of the API ``path`` belongs to: Anthropic's for /v1/messages
+    (``{"type": "error", "error": {"type", "message"}}``, its type named by the status), else
+    OpenAI's (llama-server's too)."""
+    if path.startswith(anthropic.PATH):
+        return JSONResponse(anthropic.error_body(status, message), status_code=status)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
 
 
 def errors(app: FastAPI) -> None:
-    """Every exception to its status code and OpenAI-style body."""
+    """Every exception to its status code and its API's error body."""
 
     @app.exception_handler(BadRequest)
     async def invalid(request: Request, exc: BadRequest) -> JSONResponse:
-        return error(400, str(exc), "invalid_request_error", exc.param)
+        return error(400, str(exc), "invalid_request_error", exc.param, request.url.path)
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
-        return error(exc.status_code, str(exc.detail), kind)
+        return error(exc.status_code, str(exc.detail), kind, path=request.url.path)
 
     @app.exception_handler(ClientDisconnect)
     async def cut_short(request: Request, exc: ClientDisconnect) -> JSONResponse:  # no one reads the answer
-        return error(400, "the client closed the connection before its body was complete", "invalid_request_error")
+        return error(400, "the client closed the connection before its body was complete", "invalid_request_error",
+                     path=request.url.path)
 
     @app.exception_handler(Busy)
     async def busy(request: Request, exc: Busy) -> JSONResponse:
-        return error(503, str(exc), "server_busy")
+        return error(503, str(exc), "server_busy", path=request.url.path)
 
     @app.exception_handler(Unavailable)
     async def unavailable(request: Request, exc: Unavailable) -> JSONResponse:
-        return error(503, str(exc), "server_unavailable")
+        return error(503, str(exc), "server_unavailable", path=request.url.path)
 
     @app.exception_handler(LlamaspecError)
     async def ours(request: Request, exc: LlamaspecError) -> JSONResponse:
         if isinstance(exc, (ConfigError, PromptError, VocabMismatchError)):
-            return error(400, str(exc), "invalid_request_error", getattr(exc, "where", None) or None)
-        return error(500, str(exc), "server_error")
+            return error(400, str(exc), "invalid_request_error", getattr(exc, "where", None) or None, request.url.path)
+        return error(500, str(exc), "server_error", path=request.url.path)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", path=request.url.path)
 
 
 def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None,
@@ -251,8 +259,8 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     @app.exception_handler(RemoteError)
     async def remote(request: Request, exc: RemoteError) -> JSONResponse:
         served.failed(exc)
-        response = error(503, str(exc), "server_unavailable")
-        if exc.results:  # what the generation had when the servers failed
+        response = error(503, str(exc), "server_unavailable", path=request.url.path)
+        if exc.results and not request.url.path.startswith(anthropic.PATH):  # what the generation had when the servers failed
             body = json.loads(response.body)
             body["error"]["generated"] = [r.text for r in exc.results]
             response = JSONResponse(body, status_code=503)
@@ -260,9 +268,11 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable) -> Any:
-        if api_key and request.url.path != "/health":
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
+        if api_key and request.url.path != "/health":  # OpenAI's header, or Anthropic's x-api-key
+            if request.headers.get("authorization", "") != f"Bearer {api_key}" \
+                    and request.headers.get("x-api-key") != api_key:
+                return error(401, "missing or wrong API key (Authorization: Bearer ..., or x-api-key)",
+                             "authentication_error", path=request.url.path)
         return await call_next(request)
 
     @app.get("/health")
@@ -276,26 +286,45 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
         return {"object": "list", "data": [{"id": served.spec.model_name, "object": "model", "created": 0,
                                             "owned_by": "llamaspec"}]}
 
+    async def answer(request: Request, body: Any, create_on: Callable[..., Any], chat: bool,
+                     events: Callable[[Any], Events]) -> Any:
+        return await _answer(request, body, create_on, chat, events, waiting, served, grammar, draining)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = parse(await request.body(), ChatRequest)
-        return await _answer(request, body, completions.create_chat_completion, waiting, served, grammar, draining)
+        return await answer(request, body, completions.create_chat_completion, True, OpenAIEvents)
 
     @app.post("/v1/completions")
     async def text_completions(request: Request) -> Any:
         body = parse(await request.body(), CompletionRequest)
-        return await _answer(request, body, completions.create_completion, waiting, served, grammar, draining)
+        return await answer(request, body, completions.create_completion, False, OpenAIEvents)
 
     @app.post("/infill")
     async def infill(request: Request) -> Any:
         body = parse(await request.body(), InfillRequest)
-        return await _answer(request, body, completions.create_infill, waiting, served, grammar, draining)
+        return await answer(request, body, completions.create_infill, False, OpenAIEvents)
+
+    @app.post(anthropic.PATH)
+    async def messages(request: Request) -> Any:
+        body = parse(await request.body(), anthropic.MessagesRequest)
+        return await answer(request, body, anthropic.create_message, True, anthropic.events)
+
+    @app.post(anthropic.PATH + "/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        body = parse(await request.body(), anthropic.CountTokensRequest)
+        served.check()
+        return await run_in_threadpool(lambda: anthropic.count_tokens(served.spec, **body.arguments()))
 
     return RequestLog(app)
 
 
-async def _answer(request: Request, body: Any, create_on: Callable[..., Any], waiting: Queue, served: Served,
-                  grammar: Any, draining: threading.Event) -> Any:
+async def _answer(request: Request, body: Any, create_on: Callable[..., Any], chat: bool,
+                  events: Callable[[Any], Events], waiting: Queue, served: Served, grammar: Any,
+                  draining: threading.Event) -> Any:
+    """``create_on(spec, **body.arguments())`` when its turn comes: a JSON answer, or with
+    ``body.stream`` its chunks as the server-sent ``events(body)`` frames them. ``chat``: the
+    arguments are create_chat_completion's (tools may bring their own grammar)."""
     served.check()
     spec, batcher = served.spec, served.batcher
 
@@ -309,7 +338,7 @@ async def _answer(request: Request, body: Any, create_on: Callable[..., Any], wa
     if grammar is not None and not any(arguments.get(k) for k in ("response_format", "grammar", "json_schema")) \
             and arguments.get("tool_choice") in (None, "auto", "none"):  # calls to make have their own grammar
         arguments["grammar"] = grammar
-    rules = completions.grammar_asked(arguments, chat=create_on is completions.create_chat_completion)
+    rules = completions.grammar_asked(arguments, chat=chat)
     if rules is not None:  # compiled now, in a worker thread: a request waiting for its turn holds up none
         await run_in_threadpool(lambda: spec.compile_grammar(rules))
     turn = waiting.admit()
@@ -325,8 +354,7 @@ async def _answer(request: Request, body: Any, create_on: Callable[..., Any], wa
     except BaseException:
         turn.end()
         raise
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EventStream(_events(Chunks(chunks), turn, include_usage, served), media_type="text/event-stream")
+    return EventStream(_events(Chunks(chunks), turn, events(body), served), media_type="text/event-stream")
 
 
 async def _unless_abandoned(request: Request, draining: threading.Event,
@@ -410,26 +438,20 @@ class Chunks:
                 close()
 
 
-async def _events(chunks: Chunks, turn: Turn, include_usage: bool, served: Served) -> AsyncIterator[str]:
-    """Server-sent events as OpenAI sends them. However the stream ends (finished, the client
+async def _events(chunks: Chunks, turn: Turn, events: Events, served: Served) -> AsyncIterator[str]:
+    """The chunks as server-sent ``events``. However the stream ends (finished, the client
     gone, an error), the generation is closed and the next request's turn comes."""
-    usage, last = None, None
     try:
         while True:
             read = await chunks.next()
             if not read:
                 break
-            for chunk in read:
-                usage, last = chunk.pop("usage", usage), chunk
-            yield "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in read)
-        if include_usage and last is not None:  # OpenAI's last chunk: no choices, the usage
-            head = {key: last[key] for key in ("id", "object", "created", "model")}
-            yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
-        yield "data: [DONE]\n\n"
+            yield events.frame(read)
+        yield events.end()
     except LlamaspecError as e:  # after the headers: the error goes into the stream
         if isinstance(e, RemoteError):
             served.failed(e)
-        yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
+        yield events.failed(str(e))
     finally:
         with anyio.CancelScope(shield=True):
             try:

@@ -60,7 +60,7 @@ def test_chat_and_completions_give_llamaspec_generate_s_text_streamed_or_not(pla
     assert reply.usage.prompt_tokens == expected["stats"]["n_prompt"]
     timings = reply.model_extra["timings"]
     assert timings["predicted_n"] == expected["stats"]["n_predict"] and timings["predicted_per_second"] > 0
-    assert set(timings) == {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+    assert set(timings) == {"cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
                             "predicted_per_second", "draft_n", "draft_n_accepted"}
     pieces, usage = [], None
     for chunk in client.chat.completions.create(model="x", messages=[{"role": "user", "content": question}],
@@ -600,6 +600,10 @@ def test_an_api_key_is_required_when_given(smol):
         status, body = keyed.get("/v1/models", {"Authorization": "Bearer wrong"})
         assert status == 401 and body["error"]["type"] == "authentication_error"
         assert keyed.client(api_key="s3cret").models.list().data[0].object == "model"
+        ask = {"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+        status, body = keyed.request("POST", "/v1/messages", ask, {"x-api-key": "wrong"})  # Anthropic's header
+        assert status == 401 and body["error"]["type"] == "authentication_error" and body["type"] == "error"
+        assert keyed.request("POST", "/v1/messages", ask, {"x-api-key": "s3cret"})[0] == 200
     finally:
         keyed.stop()
 
@@ -635,6 +639,8 @@ def test_a_follow_up_evaluates_only_its_new_tokens(plain_server):
     again = client.chat.completions.create(model="x", messages=follow, max_tokens=8, temperature=0)
     evaluated, prompt = again.model_extra["timings"]["prompt_n"], again.usage.prompt_tokens
     assert evaluated < prompt - reply.usage.prompt_tokens, (evaluated, prompt)  # the first turn came from the cache
+    reused = again.usage.prompt_tokens_details.cached_tokens  # reported as OpenAI and llama-server report it
+    assert reused == again.model_extra["timings"]["cache_n"] == prompt - evaluated
 
 
 def test_serve_without_the_server_extra_says_how_to_install_it(smol, monkeypatch):
