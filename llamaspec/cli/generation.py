@@ -146,7 +146,8 @@ def chat(context: click.Context, system: str, no_stats: bool, **o: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: every interface; think of --api-key).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
-@click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY) on every /v1 request.")
+@click.option("--api-key", default=None,
+              help="Require this key (Authorization: Bearer KEY, or x-api-key: KEY) on every request but /health.")
 @click.option("--queue", type=click.IntRange(0), default=16, show_default=True,
               help="Requests that may wait while --parallel are served; more get 503 at once.")
 @click.option("--parallel", "-np", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
