@@ -172,3 +172,39 @@ def test_the_client_sees_errors_as_its_own_exceptions(server):
     assert "document" in str(caught.value)
     status, answer = server.request("POST", "/v1/messages/count_tokens", {"messages": "hi"})
     assert status == 400 and answer["error"]["type"] == "invalid_request_error" and "messages" in json.dumps(answer)
+
+
+@pytest.fixture(scope="module")
+def parallel_server(model_file):
+    """Two lanes, drafting with a draft model (the 0.5B drafting for itself: same vocabulary)."""
+    path = str(model_file(QWEN_DRAFT))
+    server = Server("-m", path, "-md", path, "-t", str(THREADS), "-c", "4096", "--parallel", "2")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("api", ["messages", "chat"])
+def test_an_agent_s_turns_read_only_their_new_tokens_on_two_lanes_with_a_draft_model(parallel_server, api):
+    """Each turn resends the conversation; the lane that holds it reads only what is new: the
+    user's message and the template's tags around the reply it gave (a few tokens more)."""
+    history, previous = [], None
+    for turn in range(3):
+        history.append({"role": "user", "content": f"Step {turn}: write one line of Python that prints {turn}."})
+        if api == "messages":
+            reply = client(parallel_server).messages.create(model="x", messages=history, max_tokens=16,
+                                                            extra_body=GREEDY)
+            text = reply.content[0].text
+            prompt = reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+            read, produced = reply.usage.input_tokens, reply.usage.output_tokens
+        else:
+            reply = parallel_server.client().chat.completions.create(model="x", messages=history, max_tokens=16,
+                                                                     temperature=0)
+            text = reply.choices[0].message.content
+            prompt, produced = reply.usage.prompt_tokens, reply.usage.completion_tokens
+            read = prompt - reply.usage.prompt_tokens_details.cached_tokens
+        if previous is not None:
+            new = prompt - previous  # the previous prompt is cached, and so is most of its reply
+            assert read <= new + 4, (turn, read, new)
+            assert read <= new - previous_produced + 8, (turn, read, new, previous_produced)
+        previous, previous_produced = prompt, produced
+        history.append({"role": "assistant", "content": text})
