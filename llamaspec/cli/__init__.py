@@ -4,6 +4,7 @@
                     from their plugins), and what turns them into the library's arguments
     generation.py   generate, chat, serve
     tools.py        models, lookup (n-gram cache files), bench, profile, agreement, compare
+    agent.py        agent-bench (a recorded agent conversation replayed against a server)
     repl.py         the terminal chat of ``llamaspec chat``
 
 Every user error is one line on stderr and a non-zero exit code.
@@ -18,7 +19,7 @@ from typing import Any
 import click
 
 from ..errors import LlamaspecError, LlamaspecWarning
-from . import generation, tools
+from . import agent, generation, tools
 
 
 class _OneLineErrors(click.Group):
@@ -68,6 +69,7 @@ for command in (generation.generate, generation.chat, generation.serve, tools.mo
                 tools.heads_group,
                 tools.bench_command, tools.profile_command, tools.agreement_command, tools.compare_command):
     cli.add_command(command)
+cli.add_command(agent.agent_bench)
 
 
 def main() -> None:
