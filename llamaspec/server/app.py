@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ..openai import completions
-from . import anthropic
+from . import anthropic, responses
 from .events import Events, OpenAIEvents
 from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
 from .schemas import SHAPES, ChatRequest, CompletionRequest, InfillRequest
@@ -315,6 +315,11 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
         body = parse(await request.body(), anthropic.CountTokensRequest)
         served.check()
         return await run_in_threadpool(lambda: anthropic.count_tokens(served.spec, **body.arguments()))
+
+    @app.post(responses.PATH)
+    async def create_response(request: Request) -> Any:
+        body = parse(await request.body(), responses.ResponsesRequest)
+        return await answer(request, body, responses.create_response, True, responses.events)
 
     return RequestLog(app)
 
