@@ -17,7 +17,8 @@ per generated token, as plain decoding asks them; ``tfs_z`` is accepted and does
 llama-cpp-python (llama.cpp no longer has tail-free sampling). OpenAI's deprecated ``functions``
 and ``function_call`` are tools in an older shape. Responses also carry llama-server's ``timings`` object. ``n`` choices are n
 samples decoded together; with a ``batcher`` (LlamaSpec.batcher) a request is decoded beside the
-batcher's other requests.
+batcher's other requests. ``create_native`` and ``create_infill`` answer in llama-server's own
+shape instead (its ``/completion`` and ``/infill``: ``content``, ``stop_type``, ``timings``...).
 """
 
 from __future__ import annotations
@@ -150,27 +151,169 @@ def create_infill(spec: Generator, input_prefix: str, input_suffix: str, input_e
                   prompt: str = "", stream: bool = False, **arguments: Any) -> Union[Response, Iterator[Response]]:
     """llama-server's ``POST /infill``: the text between ``input_prefix`` (then ``prompt``) and
     ``input_suffix``, the project's other files (``input_extra``) read first; in llama-server's own
-    response shape (``content``, ``stop``, ``timings``...). Other arguments: create_completion's."""
-    if arguments.get("n", 1) != 1:
-        raise ConfigError("infill gives one completion; n must be 1")
+    response shape. Other arguments: create_native's."""
     tokens = spec.fim_tokens(input_prefix, input_suffix, list(input_extra), prompt)
-    answer = create_completion(spec, tokens, stream=stream, **arguments)
+    return create_native(spec, tokens, stream=stream, **arguments)
+
+
+_MISSING = object()  # a field a reply lacks (_picked)
+# The samplers llamaspec applies, in llama.cpp's names and order (see SamplingConfig).
+SAMPLERS = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")
+
+
+def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]], n_predict: Optional[int] = None,
+                  max_tokens: Optional[int] = None, stream: bool = False, return_tokens: bool = False,
+                  n_probs: int = 0, response_fields: Optional[Sequence[str]] = None,
+                  temperature: float = _S.temperature, top_p: float = _S.top_p, min_p: float = _S.min_p,
+                  typical_p: float = _S.typical_p, top_k: int = _S.top_k, stop: Optional[Union[str, List[str]]] = None,
+                  seed: Optional[int] = None, frequency_penalty: float = _S.frequency_penalty,
+                  presence_penalty: float = _S.presence_penalty, repeat_penalty: float = _S.repeat_penalty,
+                  repeat_last_n: int = _S.penalty_last_n, logit_bias: Any = None, mirostat_mode: int = _S.mirostat,
+                  mirostat_tau: float = _S.mirostat_tau, mirostat_eta: float = _S.mirostat_eta, grammar: Any = None,
+                  response_format: Any = None, json_schema: Any = None, model: Optional[str] = None, n: int = 1,
+                  batcher: Any = None, abandoned: Optional[threading.Event] = None,
+                  tfs_z: float = 1.0) -> Union[Response, Iterator[Response]]:
+    """llama-server's ``POST /completion`` in its own shape (``content``, ``stop_type``,
+    ``timings``...): ``prompt`` is text (tokenized as create_completion tokenizes it), token ids,
+    or both mixed as llama-server reads them (``native_tokens``). ``n_predict`` (else
+    ``max_tokens``, as llama-server falls back to it): -1 until a stop or a full context, 0 reads
+    the prompt into the cache and generates nothing (what editors send to warm the cache). The
+    reply's ``tokens`` are the generated ids with ``return_tokens`` (each streamed chunk has its
+    own); ``n_probs`` > 0 adds each token's and its best alternatives' log-probabilities;
+    ``response_fields`` keeps only those fields (``timings/prompt_n`` lifted to the top, as
+    llama.vim asks). A stream is the chunks' text with their tokens, then a last chunk of
+    ``stop: true`` with the totals and no text, as llama-server streams. Sampling arguments:
+    create_completion's (``tfs_z`` does nothing there either)."""
+    if n != 1:
+        raise ConfigError(f"is 1 (one completion a request), got {n}", "n")
+    length = n_predict if n_predict is not None else max_tokens if max_tokens is not None else -1
+    if length < -1:
+        raise ConfigError(f"is -1 (until a stop or a full context) or a number of tokens, got {length}", "n_predict")
+    rules = requested_grammar(response_format, grammar, json_schema)
+    shaped = shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p)
+    opts = {**options(None, temperature, top_p, min_p, top_k, stop, seed, rules, shaped,
+                      mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta)),
+            "max_tokens": length, "logprobs": n_probs or None}
+    if not isinstance(prompt, str):
+        prompt = native_tokens(spec.tokenize, prompt, add_special=True)
+    events = _start(spec, batcher, prompt, 1, opts)
+    reply = _Native(spec, prompt, opts, model or spec.model_name, 0 if batcher is None else -1, return_tokens,
+                    response_fields)
     if stream:
-        return (_native(chunk) for chunk in answer)
-    return _native(answer)
+        return reply.chunks(events, abandoned)
+    return reply.final(_results(events, 1, abandoned)[0], streamed=False)
 
 
-def _native(answer: Response) -> Response:
-    """An OpenAI completion (or chunk) of one choice in llama-server's native shape."""
-    choice = answer["choices"][0]
-    reason = choice["finish_reason"]
-    out = {"index": 0, "content": choice["text"], "stop": reason is not None, "model": answer["model"]}
-    if reason is not None:
-        usage = answer.get("usage", {})
-        out.update(stop_type="eos" if reason == "stop" else "limit", truncated=False,
-                   tokens_predicted=usage.get("completion_tokens", 0), tokens_evaluated=usage.get("prompt_tokens", 0),
-                   timings=answer.get("timings", {}))
-    return out
+def native_tokens(tokenize: Any, items: Sequence[Union[int, str]], add_special: bool) -> List[int]:
+    """A list of token ids and texts as llama-server reads a mixed prompt: each text's tokens
+    (``tokenize(text, add_special)``; special tokens only for a text that comes first), each id
+    as it is."""
+    tokens: List[int] = []
+    for i, item in enumerate(items):
+        tokens += tokenize(item, add_special and i == 0) if isinstance(item, str) else [item]
+    return tokens
+
+
+class _Native:
+    """The replies of one native completion: its streamed chunks, and its last reply."""
+
+    def __init__(self, spec: Generator, prompt: Union[str, List[int]], opts: Dict[str, Any], model: str, slot: int,
+                 return_tokens: bool, fields: Optional[Sequence[str]]) -> None:
+        self.spec, self.opts, self.model, self.slot = spec, opts, model, slot
+        self.return_tokens, self.fields = return_tokens, fields
+        self.prompt = spec.tokenize(prompt) if isinstance(prompt, str) else prompt
+
+    def chunks(self, events: "Events", abandoned: Optional[threading.Event]) -> Iterator[Response]:
+        """Each chunk's text and tokens (``stop: false``), then the last reply without text."""
+        done = 0
+        try:
+            for _, chunk in _until(events, abandoned):
+                done += len(chunk.tokens)
+                if chunk.text or chunk.tokens:
+                    part = {"index": 0, "content": chunk.text, "tokens": list(chunk.tokens), "stop": False,
+                            "id_slot": self.slot, "tokens_predicted": done, "tokens_evaluated": len(self.prompt)}
+                    if chunk.logprobs:
+                        part["completion_probabilities"] = _probabilities(self.spec, chunk.logprobs)
+                    yield part
+                if chunk.result is not None:
+                    yield self.final(chunk.result, streamed=True)
+        finally:
+            events.close()  # a reader that stops early stops the generation
+
+    def final(self, result: Result, streamed: bool) -> Response:
+        """llama-server's last reply: in a stream without the text and tokens, which came before."""
+        stats = result.stats
+        settings = {**native_params(self.opts, streamed), "seed": -1 if stats.seed is None else stats.seed}
+        reply = {"index": 0, "content": "" if streamed else result.text,
+                 "tokens": list(result.tokens) if self.return_tokens and not streamed else [], "id_slot": self.slot,
+                 "stop": True, "model": self.model, "tokens_predicted": len(result.tokens),
+                 "tokens_evaluated": stats.n_prompt, "generation_settings": settings,
+                 "prompt": self.spec.detokenize(self.prompt), "has_new_line": "\n" in result.text,
+                 "truncated": result.stop_reason == "context", "stop_type": _stop_type(result),
+                 "stopping_word": result.stop_string or "", "tokens_cached": _cached_after(result),
+                 "timings": native_timings(stats)}
+        if result.logprobs and not streamed:
+            reply["completion_probabilities"] = _probabilities(self.spec, result.logprobs)
+        return _picked(reply, self.fields) if self.fields is not None else reply
+
+
+def _cached_after(result: Result) -> int:
+    """What the KV cache holds after the answer, as llama-server counts it: the prompt and every
+    generated token but the last, which no decode has read yet."""
+    return result.stats.n_prompt + max(len(result.tokens) - 1, 0)
+
+
+def _stop_type(result: Result) -> str:
+    """llama-server's: "word" (a stop string, named by ``stopping_word``), "eos" (the model ended
+    the text, or its grammar did), else "limit" (n_predict, a full context, the server stopping)."""
+    if result.stop_reason == "stop":
+        return "word" if result.stop_string else "eos"
+    return "limit"
+
+
+def native_params(opts: Dict[str, Any], stream: bool = False) -> Response:
+    """Generation options (``options``') by llama-server's names, as its ``generation_settings``
+    and ``/props`` show them."""
+    rules = opts.get("grammar")
+    return {"n_predict": opts["max_tokens"], "max_tokens": opts["max_tokens"],
+            "seed": -1 if opts.get("seed") is None else opts["seed"], "temperature": opts["temperature"],
+            "top_k": opts["top_k"], "top_p": opts["top_p"], "min_p": opts["min_p"],
+            "typical_p": opts.get("typical_p", _S.typical_p),
+            "repeat_last_n": opts.get("penalty_last_n", _S.penalty_last_n),
+            "repeat_penalty": opts.get("repeat_penalty", _S.repeat_penalty),
+            "presence_penalty": opts.get("presence_penalty", _S.presence_penalty),
+            "frequency_penalty": opts.get("frequency_penalty", _S.frequency_penalty),
+            "mirostat": opts.get("mirostat", _S.mirostat), "mirostat_tau": opts.get("mirostat_tau", _S.mirostat_tau),
+            "mirostat_eta": opts.get("mirostat_eta", _S.mirostat_eta), "stop": list(opts.get("stop", [])),
+            "n_keep": 0, "ignore_eos": False, "stream": stream, "n_probs": opts.get("logprobs") or 0,
+            "grammar": rules.text if isinstance(rules, Grammar) else "", "samplers": list(SAMPLERS)}
+
+
+def native_timings(stats: Stats) -> Response:
+    """``timings`` with llama-server's per-token figures too."""
+    return {**timings(stats), "prompt_per_token_ms": 1000 * stats.t_prompt / max(stats.n_prompt_eval, 1),
+            "predicted_per_token_ms": 1000 * stats.t_decode / max(stats.n_predict, 1)}
+
+
+def _probabilities(spec: Generator, logprobs: Sequence[TokenLogprob]) -> List[Response]:
+    """llama-server's ``completion_probabilities``: each token's and its best alternatives'."""
+    def entry(token: int, logprob: float) -> Response:
+        piece = spec.model.piece(token)
+        return {"id": token, "token": piece.decode("utf-8", errors="replace"), "bytes": list(piece), "logprob": logprob}
+    return [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs]
+
+
+def _picked(reply: Response, fields: Sequence[str]) -> Response:
+    """llama-server's ``response_fields``: only these, a nested one (``timings/prompt_n``) lifted to
+    the top under its path; one the reply lacks left out."""
+    picked = {}
+    for path in fields:
+        value: Any = reply
+        for key in path.split("/"):
+            value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is not _MISSING:
+            picked[path] = value
+    return picked
 
 
 def _text_logprobs(spec: Generator, logprobs: Optional[List[TokenLogprob]],

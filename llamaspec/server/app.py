@@ -30,10 +30,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from ..openai import completions
-from . import anthropic, responses
-from .events import Events, OpenAIEvents
+from . import anthropic, native, responses
+from .events import Events, NativeEvents, OpenAIEvents
 from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
-from .schemas import SHAPES, ChatRequest, CompletionRequest, InfillRequest
+from .schemas import SHAPES, ChatRequest, CompletionRequest
 
 log = logging.getLogger("llamaspec.server")
 # Seconds between checks, for an answer under way, that the server is stopping.
@@ -50,11 +50,12 @@ class Busy(Exception):
 
 class Queue:
     """Requests take turns in arrival order (asyncio.Semaphore serves its waiters first come,
-    first served), ``parallel`` at a time; at most ``size`` wait; none once ``closed`` is set."""
+    first served), ``parallel`` at a time (``running`` now); at most ``size`` wait; none once
+    ``closed`` is set."""
 
     def __init__(self, size: int, parallel: int = 1, closed: Optional[threading.Event] = None) -> None:
-        self.size = size
-        self.waiting = 0
+        self.size, self.parallel = size, parallel
+        self.waiting = self.running = 0
         self._turn = asyncio.Semaphore(parallel)
         self._closed = closed if closed is not None else threading.Event()
 
@@ -80,10 +81,12 @@ class Turn:
         finally:
             self.queue.waiting -= 1
         self.started = True
+        self.queue.running += 1
 
     def end(self) -> None:
         if self.started and not self.ended:
             self.ended = True
+            self.queue.running -= 1
             self.queue._turn.release()
 
 
@@ -302,8 +305,8 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
 
     @app.post("/infill")
     async def infill(request: Request) -> Any:
-        body = parse(await request.body(), InfillRequest)
-        return await answer(request, body, completions.create_infill, False, OpenAIEvents)
+        body = parse(await request.body(), native.InfillRequest)
+        return await answer(request, body, completions.create_infill, False, NativeEvents)
 
     @app.post(anthropic.PATH)
     async def messages(request: Request) -> Any:
@@ -320,6 +323,44 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     async def create_response(request: Request) -> Any:
         body = parse(await request.body(), responses.ResponsesRequest)
         return await answer(request, body, responses.create_response, True, responses.events)
+
+    @app.post("/completion")
+    @app.post("/completions")  # llama-server's alias
+    async def native_completion(request: Request) -> Any:
+        body = parse(await request.body(), native.CompletionRequest)
+        return await answer(request, body, completions.create_native, False, NativeEvents)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        body = parse(await request.body(), native.TokenizeRequest)
+        served.check()
+        return await run_in_threadpool(lambda: native.tokenize(served.spec, **body.model_dump()))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        body = parse(await request.body(), native.DetokenizeRequest)
+        served.check()
+        return await run_in_threadpool(lambda: native.detokenize(served.spec, body.tokens))
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> Any:
+        body = parse(await request.body(), native.TemplateRequest)
+        served.check()
+        return await run_in_threadpool(lambda: native.apply_template(served.spec, **body.arguments()))
+
+    @app.get("/props")
+    async def props() -> Any:
+        served.check()
+        return native.props(served.spec, waiting.parallel)
+
+    @app.post("/props")
+    async def change_props() -> Any:  # as llama-server started without --props
+        return error(501, "this server does not change its properties", "not_supported_error")
+
+    @app.get("/slots")
+    async def slots() -> Any:
+        served.check()
+        return native.slots(served.spec, waiting.parallel, waiting.running)
 
     return RequestLog(app)
 

@@ -1,6 +1,7 @@
 """How each API frames a stream's chunks as server-sent events: OpenAI's ``data:`` lines ending
-with ``[DONE]`` (llama-server's native endpoints too), or the typed events of Anthropic's
-Messages and OpenAI's Responses APIs (``event: <type>`` before each ``data:``)."""
+with ``[DONE]`` (llama-server's native endpoints: the same lines, no ``[DONE]``), or the typed
+events of Anthropic's Messages and OpenAI's Responses APIs (``event: <type>`` before each
+``data:``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ class OpenAIEvents:
     def failed(self, message: str) -> str:
         body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
         return f"data: {json.dumps(body)}\n\n"
+
+
+class NativeEvents(OpenAIEvents):
+    """llama-server's native endpoints' (/completion, /infill): OpenAI's ``data:`` lines and
+    error, but nothing after the last chunk (llama-server sends no ``[DONE]`` there; the last
+    chunk says ``"stop": true``)."""
+
+    def end(self) -> str:
+        return ""
 
 
 class TypedEvents:
