@@ -175,7 +175,8 @@ def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]]
                   tfs_z: float = 1.0) -> Union[Response, Iterator[Response]]:
     """llama-server's ``POST /completion`` in its own shape (``content``, ``stop_type``,
     ``timings``...): ``prompt`` is text (tokenized as create_completion tokenizes it), token ids,
-    or both mixed as llama-server reads them (``native_tokens``). ``n_predict`` (else
+    or both mixed as llama-server reads them (``native_tokens``; a list of several strings, which
+    llama-server reads as several prompts, is refused). ``n_predict`` (else
     ``max_tokens``, as llama-server falls back to it): -1 until a stop or a full context, 0 reads
     the prompt into the cache and generates nothing (what editors send to warm the cache). The
     reply's ``tokens`` are the generated ids with ``return_tokens`` (each streamed chunk has its
@@ -195,6 +196,9 @@ def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]]
                       mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta)),
             "max_tokens": length, "logprobs": n_probs or None}
     if not isinstance(prompt, str):
+        if len(prompt) > 1 and all(isinstance(p, str) for p in prompt):  # llama-server's several prompts
+            raise ConfigError("a list of strings is several prompts, which are not served: send one a request",
+                              "prompt")
         prompt = native_tokens(spec.tokenize, prompt, add_special=True)
     events = _start(spec, batcher, prompt, 1, opts)
     reply = _Native(spec, prompt, opts, model or spec.model_name, 0 if batcher is None else -1, return_tokens,

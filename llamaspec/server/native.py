@@ -13,9 +13,10 @@ written for llama-server send.
 Sampling defaults are llamaspec's (SamplingConfig), which are llama-server's. What differs, and
 why: a request takes the next free slot (``id_slot`` is accepted, not obeyed: a slot's cache
 is not kept apart for a client) and the cached prefix is always reused (``cache_prompt`` is
-accepted); ``n`` is 1 (one completion a request); llama-server's samplers that llamaspec lacks
-(DRY, XTC, dynamic temperature) and timing limits (``t_max_predict_ms``) are ignored; POST
-/props answers 501, as llama-server without ``--props``; /slots is always on.
+accepted); a request has one prompt and one completion (``n`` 1; a list of strings,
+llama-server's several prompts, is a 400); llama-server's samplers that llamaspec lacks (DRY,
+XTC, dynamic temperature) and timing limits (``t_max_predict_ms``) are ignored; POST /props
+answers 501, as llama-server without ``--props``; /slots is always on.
 """
 
 from __future__ import annotations

@@ -138,6 +138,7 @@ BAD = [
     ("/completion", {"prompt": {"text": "hi"}}, "prompt: is a string or a list of token ids and strings"),
     ("/completion", {"prompt": [1, 2.5]}, "prompt: is a string or a list of token ids and strings"),
     ("/completion", {"prompt": [99999999]}, "99999999"),
+    ("/completion", {"prompt": ["one", "two"]}, "prompt: a list of strings is several prompts"),
     ("/completion", {"prompt": "hi", "n_predict": -2}, "n_predict"),
     ("/completion", {"prompt": "hi", "n_predict": "many"}, "n_predict"),
     ("/completion", {"prompt": "hi", "n": 2, "temperature": 0.5}, "n: is 1"),

@@ -103,6 +103,8 @@ def test_n_predict_falls_back_to_max_tokens_and_0_generates_nothing():
         create_native(spec, "a", n_predict=-2)
     with pytest.raises(ConfigError, match="^n: is 1"):
         create_native(spec, "a", n=2)
+    with pytest.raises(ConfigError, match="^prompt: a list of strings is several prompts"):
+        create_native(spec, ["a", "b"])
 
 
 def test_a_stream_is_the_text_in_chunks_then_a_last_chunk_without_it():
