@@ -260,7 +260,15 @@ def create_message(spec: Generator, messages: List[Dict[str, Any]], max_tokens: 
 
 
 def _events(run: ChatRun, head: Response, abandoned: Optional[threading.Event]) -> Iterator[Response]:
-    """The reply's stream as Anthropic's events (see the module's docstring)."""
+    """The reply's stream as Anthropic's events (see the module's docstring). Closed before its
+    reply's first event (the client gone), it still stops the generation."""
+    try:
+        yield from _typed(run, head, abandoned)
+    finally:
+        run.events.close()
+
+
+def _typed(run: ChatRun, head: Response, abandoned: Optional[threading.Event]) -> Iterator[Response]:
     yield {"type": "message_start", "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                                 "usage": {"input_tokens": run.n_prompt, "output_tokens": 0}}}
     yield {"type": "ping"}
