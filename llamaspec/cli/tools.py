@@ -205,8 +205,10 @@ def heads_group() -> None:
 @heads_group.command("train")
 @click.option("-m", "--model", default=None, help="The target the heads are for [default: the default target].")
 @click.option("-f", "--file", "files", multiple=True, type=click.Path(path_type=Path),
-              help="Training text (repeatable) [default: the target's answers to a set of prompts, then Python's "
-                   "standard library and installed packages' descriptions].")
+              help="Training text (repeatable): UTF-8, read a block at a time only as far as --tokens needs, "
+                   "whatever its size; a file with a NUL byte or bytes that are not UTF-8 is refused [default: the "
+                   "target's answers to a set of prompts, then Python's standard library and installed packages' "
+                   "descriptions].")
 @click.option("--heads", "n_heads", type=int, default=TrainConfig.heads, show_default=True,
               help="Heads: the block's steps; head k guesses the token k places after the next one, "
                    "reading the tokens before it.")

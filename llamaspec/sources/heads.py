@@ -39,7 +39,9 @@ The heads file (``llamaspec heads train`` writes it) is an .npz: ``w`` V (r, 2d)
 c (r,), ``u`` U (d, r) float16, ``tokens`` (N,) the map, ``out`` E_N (N, d) float16
 (dequantized from the model's GGUF file when the heads were trained: loading reads no GGUF),
 ``calibration`` (K, 11), ``meta`` (JSON: the format, the model's file name and sha256, n_vocab,
-n_embd, the training run's settings and each head's held-out top-1 and top-5).
+n_embd, the training run's settings and each head's held-out top-1 and top-5). Reading one checks
+every array's .npy header against the sizes the record declares before any array is read, and
+the weights finite after (``read_arrays``): a hostile file is one line, never an allocation.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from __future__ import annotations
 import functools
 import heapq
 import json
+import math
 import os
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +60,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import SamplingConfig, check
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from ..llama.models import sha256
 from .base import Budget, Candidate, Outcome, Proposal, Source
 from .registry import Option, Plugin, Resources
@@ -188,31 +192,12 @@ class Heads:
 
     @staticmethod
     def read(path: Path) -> "Heads":
-        """The heads a file holds (HeadsError: not a heads file, truncated, another format)."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
-                made = meta.get("format") if isinstance(meta, dict) else None
-                if made != FORMAT:
-                    raise HeadsError(f"{path} is {f'a {made} file' if made else 'not a heads file'}, not {FORMAT}; "
-                                     f"train it again with `llamaspec heads train`")
-                calibration = z["calibration"].astype(np.float64)
-                heads = Heads(z["w"].astype(np.float32), z["b"].astype(np.float32), z["u"].astype(np.float32),
-                              z["tokens"].astype(np.int64), z["out"].astype(np.float32), len(calibration), meta,
-                              calibration)
-        except HeadsError:
-            raise
-        except FileNotFoundError:
-            raise HeadsError(f"no such heads file: {path}") from None
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-            raise HeadsError(f"{path} is not a heads file or is cut short ({type(e).__name__}: {e}); "
-                             f"train it again with `llamaspec heads train`") from None
-        r, = heads.b.shape
-        n, d = heads.out.shape
-        if heads.w.shape != (r, 2 * d) or heads.u.shape != (d, r) or heads.tokens.shape != (n,) or n == 0 \
-                or heads.calibration.shape != (heads.k, 11) or not 1 <= heads.k <= MAX_HEADS:
-            raise HeadsError(f"{path} holds heads of inconsistent shapes")
-        return heads
+        """The heads a file holds (``read_arrays``: HeadsError, one line, for a file that is not
+        theirs, is cut short, or whose arrays disagree with its record or are not finite)."""
+        a = read_arrays(path)
+        return Heads(a["w"].astype(np.float32), a["b"].astype(np.float32), a["u"].astype(np.float32),
+                     a["tokens"].astype(np.int64), a["out"].astype(np.float32), len(a["calibration"]), a["meta"],
+                     a["calibration"].astype(np.float64))
 
     def check_model(self, model_path: Path, n_vocab: int, n_embd: int, where: Path) -> None:
         """HeadsError unless these heads were trained for the model in ``model_path``."""
@@ -222,6 +207,194 @@ class Heads:
                              f"train heads for it with `llamaspec heads train -m {model_path}`")
         if self.tokens.max(initial=0) >= n_vocab or self.out.shape[1] != n_embd:
             raise HeadsError(f"{where} does not fit {model_path.name}'s vocabulary")
+
+
+# A heads file's arrays and the types ``Heads.save`` writes them in; the record, ``meta``, declares
+# the sizes the others must have.
+ARRAYS = {"w": np.dtype(np.float16), "b": np.dtype(np.float32), "u": np.dtype(np.float16),
+          "tokens": np.dtype(np.int32), "out": np.dtype(np.float16), "calibration": np.dtype(np.float32),
+          "meta": np.dtype(np.uint8)}
+# What a heads file may declare, checked before anything is allocated for it: its record's bytes,
+# a hidden size and a vocabulary (above any llama.cpp model's), and the bytes of any one array (E_N
+# over a map of 262,144 tokens at a hidden size of 8,192, in float16).
+MAX_RECORD_BYTES = 1 << 20
+MAX_EMBD = 1 << 16
+MAX_VOCAB = 1 << 22
+MAX_ARRAY_BYTES = 4 << 30
+AGAIN = "train it again with `llamaspec heads train`"
+
+
+class Header(NamedTuple):
+    """An array's .npy header as its member declares it."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+
+
+def read_arrays(path: Path) -> Dict[str, Any]:
+    """A heads file's arrays by name (``meta``: its record, parsed), checked in the order that keeps
+    a hostile file from costing memory: the record (bounded) first, then every array's header
+    against the sizes the record declares, before any array is read (a header may declare any
+    shape, and numpy allocates what it declares); then the values (NaN weights would make every
+    guess NaN). HeadsError, one line naming the file and the array, for anything wrong."""
+    _regular(path)
+    try:
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        raise HeadsError(f"{path} is not a heads file or is cut short (not a zip archive); {AGAIN}") from None
+    except OSError as e:
+        raise HeadsError(f"cannot read heads file {path}: {e.strerror or e}") from None
+    with z:
+        meta = _record(z, path)
+        dims = _dims(meta, path)
+        headers = {name: _header(z, path, name) for name in _names(z, path)}
+        for name, want in _shapes(headers, dims, path).items():
+            if headers[name].shape != want:
+                raise _bad(path, name, f"is {headers[name].shape}, where the record's sizes ({_sizes(dims)}, "
+                                       f"r {headers['b'].shape[0]}) make it {want}")
+        arrays = {name: _array(z, path, name) for name in ARRAYS if name != "meta"}
+    _check_values(arrays, dims, path)
+    return dict(arrays, meta=meta)
+
+
+def _bad(path: Path, name: str, problem: str) -> HeadsError:
+    return HeadsError(f"{path}: its array {name} {problem}; {AGAIN}")
+
+
+def _said(e: BaseException) -> str:
+    """An exception as a message quotes it: on one line, cut short (numpy's may span lines)."""
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _regular(path: Path) -> None:
+    """HeadsError unless ``path`` is a regular file (a pipe or a device would be read without end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise HeadsError(f"no such heads file: {path}") from None
+    except OSError as e:
+        raise HeadsError(f"cannot read heads file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise HeadsError(f"heads file {path} is not a regular file")
+
+
+def _record(z: zipfile.ZipFile, path: Path) -> Dict[str, Any]:
+    """The file's record (``meta``, JSON as bytes) of at most MAX_RECORD_BYTES, in this FORMAT."""
+    if "meta.npy" not in z.namelist():
+        raise HeadsError(f"{path} is not a heads file (it has no record, meta.npy); {AGAIN}")
+    shape = _header(z, path, "meta").shape
+    if len(shape) != 1 or shape[0] > MAX_RECORD_BYTES:
+        raise _bad(path, "meta", f"is {shape}, where a record is one row of at most {MAX_RECORD_BYTES:,} bytes")
+    try:
+        meta = json.loads(bytes(_array(z, path, "meta")).decode())
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise _bad(path, "meta", "is not a JSON record") from None
+    made = meta.get("format") if isinstance(meta, dict) else None
+    if made != FORMAT:
+        named = made if isinstance(made, str) and made.isprintable() and len(made) <= 40 else shown(made)
+        raise HeadsError(f"{path} is {f'a {named} file' if made else 'not a heads file'}, not {FORMAT}; {AGAIN}")
+    return meta
+
+
+def _dims(meta: Dict[str, Any], path: Path) -> Dict[str, int]:
+    """The sizes the record declares, each a whole number within its bound: n_embd (d), n_vocab,
+    heads (K) and n_tokens (N, the map's tokens: at most the vocabulary)."""
+    dims: Dict[str, int] = {}
+    for key, most in (("n_embd", MAX_EMBD), ("n_vocab", MAX_VOCAB), ("heads", MAX_HEADS), ("n_tokens", 0)):
+        most = most or dims["n_vocab"]
+        value = meta.get(key)
+        if type(value) is not int or not 1 <= value <= most:
+            raise _bad(path, "meta", f"declares {key} {shown(value)}, where it is a whole number from 1 to {most:,}")
+        dims[key] = value
+    return dims
+
+
+def _sizes(dims: Dict[str, int]) -> str:
+    return f"d {dims['n_embd']}, N {dims['n_tokens']}, K {dims['heads']}"
+
+
+def _names(z: zipfile.ZipFile, path: Path) -> List[str]:
+    """The arrays' names, once each: HeadsError for a member that is none of them, or one missing."""
+    names = z.namelist()
+    for member in names:
+        if not member.endswith(".npy") or member[:-4] not in ARRAYS or names.count(member) > 1:
+            raise HeadsError(f"{path} holds {shown(member)}, which is not one of a heads file's arrays "
+                             f"({', '.join(ARRAYS)}, once each); {AGAIN}")
+    missing = [name for name in ARRAYS if name + ".npy" not in names]
+    if missing:
+        raise HeadsError(f"{path} has no array {missing[0]}; {AGAIN}")
+    return list(ARRAYS)
+
+
+def _header(z: zipfile.ZipFile, path: Path, name: str) -> Header:
+    """Array ``name``'s .npy header, read from its member alone and checked: the type the heads are
+    saved in, at most MAX_ARRAY_BYTES of data, and as many as its member holds (the member stored
+    uncompressed, as ``Heads.save`` writes it, within the file: nothing it declares is more than
+    the file's own bytes)."""
+    info = z.getinfo(name + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+        raise _bad(path, name, "is compressed or encrypted, where a heads file's arrays are stored as they are")
+    if info.compress_size != info.file_size or info.header_offset + info.file_size > os.path.getsize(path):
+        raise _bad(path, name, "is cut short or damaged (its member's sizes do not fit the file)")
+    try:
+        with z.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"a .npy version {version[0]}.{version[1]}, not 1.0 or 2.0")
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            start = f.tell()
+    except (ValueError, SyntaxError) as e:
+        raise _bad(path, name, f"is not a .npy array ({_said(e)})") from None
+    except (EOFError, OSError, RuntimeError, zipfile.BadZipFile) as e:
+        raise _bad(path, name, f"is cut short or damaged ({_said(e)})") from None
+    want = ARRAYS[name]
+    if dtype.hasobject or dtype.kind != want.kind or dtype.itemsize != want.itemsize:
+        raise _bad(path, name, f"is {dtype}, where a heads file holds it in {want}")
+    size = math.prod(shape) * dtype.itemsize
+    if min(shape, default=0) < 0 or size > MAX_ARRAY_BYTES:
+        raise _bad(path, name, f"declares {shape} {dtype}: {size:,} bytes, where an array has at most "
+                               f"{MAX_ARRAY_BYTES:,}")
+    if size != info.file_size - start:
+        raise _bad(path, name, f"holds {info.file_size - start:,} bytes of data where its header declares "
+                               f"{shape} {dtype}, {size:,} bytes (cut short?)")
+    return Header(tuple(shape), dtype)
+
+
+def _shapes(headers: Dict[str, Header], dims: Dict[str, int], path: Path) -> Dict[str, Tuple[int, ...]]:
+    """The shape of each array for the record's sizes, r (the block's inner units) being b's
+    length: 1 to d, as training makes it (the rank asked for, at most d)."""
+    d, n, k = dims["n_embd"], dims["n_tokens"], dims["heads"]
+    shape = headers["b"].shape
+    if len(shape) != 1 or not 1 <= shape[0] <= d:
+        raise _bad(path, "b", f"is {shape}, where it is one row of the block's inner units, 1 to d {d}")
+    r = shape[0]
+    return {"w": (r, 2 * d), "b": (r,), "u": (d, r), "tokens": (n,), "out": (n, d), "calibration": (k, 11)}
+
+
+def _array(z: zipfile.ZipFile, path: Path, name: str) -> np.ndarray:
+    """Array ``name``, its header checked (``_header``)."""
+    try:
+        with z.open(name + ".npy") as f:
+            return np.lib.format.read_array(f, allow_pickle=False)
+    except (ValueError, EOFError, OSError, RuntimeError, zipfile.BadZipFile) as e:
+        raise _bad(path, name, f"is cut short or damaged ({_said(e)})") from None
+
+
+def _check_values(arrays: Dict[str, np.ndarray], dims: Dict[str, int], path: Path) -> None:
+    """HeadsError for values the heads cannot run on: weights that are not finite (every logit
+    would be NaN), rates outside 0 to 1 (the calibration is a share of tokens right), a map that
+    is not increasing ids of the vocabulary (it is searched as sorted)."""
+    for name in ("w", "b", "u", "out", "calibration"):
+        if not np.isfinite(arrays[name]).all():
+            raise _bad(path, name, "holds NaN or infinite values")
+    calibration = arrays["calibration"]
+    if ((calibration < 0) | (calibration > 1)).any():
+        raise _bad(path, "calibration", "holds rates outside 0 to 1")
+    tokens = arrays["tokens"].astype(np.int64)
+    if tokens[0] < 0 or tokens[-1] >= dims["n_vocab"] or (np.diff(tokens) <= 0).any():
+        raise _bad(path, "tokens", f"is not increasing token ids from 0 to n_vocab - 1 ({dims['n_vocab'] - 1:,})")
 
 
 class At(NamedTuple):

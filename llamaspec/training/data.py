@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import os
 import random
+import stat
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -34,8 +36,9 @@ PROMPTS = Path(__file__).resolve().parent.parent / "data" / "heads_prompts.txt"
 
 @dataclass(frozen=True)
 class Piece:
-    """A text to read (``kind`` "text") or a prompt the target answers (``kind`` "answer",
-    ``text`` the user's message)."""
+    """A text to read (``kind`` "text"), a text file read when its turn comes (``kind`` "file",
+    ``name`` its path) or a prompt the target answers (``kind`` "answer", ``text`` the user's
+    message)."""
 
     kind: str
     text: str
@@ -252,8 +255,88 @@ def default_texts(seed: int = 0) -> List[Piece]:
     return pieces + mixed
 
 
+BLOCK = 1 << 20  # bytes of a training file read, checked and tokenized at a time
+
+
 def file_texts(paths: Sequence[Path]) -> List[Piece]:
-    return [Piece("text", p.read_text(encoding="utf-8", errors="replace"), str(p)) for p in paths]
+    """The files given, as pieces read when their turn comes (``file_tokens``): none is held whole."""
+    return [Piece("file", "", str(p)) for p in paths]
+
+
+def check_text_file(path: Path) -> None:
+    """ConfigError unless ``path`` is a regular file whose first block is text (``blocks``):
+    checked before the target loads, so that a binary file is refused at once. A file of any size
+    is taken: it is read only as far as the tokens wanted (``file_tokens``)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"no such training file: {path}" if isinstance(e, FileNotFoundError)
+                          else f"cannot read training file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"training file {path} is not a regular file (a device or a pipe is never read)")
+    try:
+        with open(path, "rb") as f:
+            first = f.read(BLOCK)
+            final = not f.read(1)
+    except OSError as e:
+        raise ConfigError(f"cannot read training file {path}: {e.strerror or e}") from None
+    _utf8(first, 0, path, final)
+
+
+def file_tokens(model: Model, path: Path, max_tokens: int) -> List[int]:
+    """The first ``max_tokens`` tokens of a text file (a BOS first), read and tokenized a block at
+    a time until there are that many: memory for the tokens used, whatever the file's size (a
+    file is often far longer than the text a training reads). Blocks end at a line's end, where
+    the tokenizer's words end too."""
+    tokens: List[int] = []
+    texts = blocks(path, BLOCK)
+    try:
+        for text in texts:
+            tokens += model.tokenize(text, add_special=not tokens, parse_special=False)
+            if len(tokens) >= max_tokens:
+                break
+    finally:
+        texts.close()
+    return tokens[:max_tokens]
+
+
+def blocks(path: Path, size: int = BLOCK) -> Iterator[str]:
+    """A text file's text about ``size`` bytes at a time, each piece cut after its last line's end
+    (or, in a line longer than that, between two characters). ConfigError, naming the file and
+    the offset, at a NUL byte (a binary file) or bytes that are not UTF-8: refused, not read with
+    replacement characters the target would learn from."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ConfigError(f"cannot read training file {path}: {e.strerror or e}") from None
+    with f:
+        offset, carry = 0, b""  # where ``carry``, the bytes after the last piece, begin
+        while True:
+            read = f.read(size)
+            data = carry + read
+            text, left = _utf8(data, offset, path, final=not read)  # every byte read is checked
+            cut = len(text) if not read else text.rfind("\n") + 1 or len(text)
+            if cut:
+                yield text[:cut]
+            carry = text[cut:].encode("utf-8") + left
+            offset += len(data) - len(carry)
+            if not read:
+                return
+
+
+def _utf8(data: bytes, offset: int, path: Path, final: bool) -> Tuple[str, bytes]:
+    """``data``'s text, found at ``offset`` of the file, and the bytes of a character its end cut
+    (unless ``final``: the file's end), kept for the next block."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(f"training file {path} is not text: a NUL byte at offset {offset + nul:,}")
+    try:
+        return data.decode("utf-8"), b""
+    except UnicodeDecodeError as e:
+        if not final and e.reason == "unexpected end of data":
+            return data[:e.start].decode("utf-8"), data[e.start:]
+        raise ConfigError(f"training file {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                          f"{offset + e.start:,})") from None
 
 
 def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int, answer_tokens: int,
@@ -279,7 +362,8 @@ def collect(model: Model, ctx: Context, pieces: Sequence[Piece], max_tokens: int
                 got, cut = answers(ctx, model, prompts, n_new, group, progress, deadline)
                 i += len(group)
             else:
-                tokens = model.tokenize(pieces[i].text, add_special=True, parse_special=False)[:max_tokens - n]
+                tokens = file_tokens(model, Path(pieces[i].name), max_tokens - n) if pieces[i].kind == "file" \
+                    else model.tokenize(pieces[i].text, add_special=True, parse_special=False)[:max_tokens - n]
                 got, cut = [read(ctx, tokens, i, deadline)], False
                 progress(len(got[0]))
                 i += 1

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..llama import models
 from ..llama.binding import Model
 from ..sources.heads import FORMAT, cached_path
-from .data import GROUP, collect, default_texts, file_texts, output_rows
+from .data import GROUP, check_text_file, collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 
 
@@ -60,7 +60,8 @@ def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: Trai
                 output: Optional[Path] = None, tokens: Optional[int] = None, answer_tokens: int = ANSWER_TOKENS,
                 threads: Optional[int] = None, cache_dir: Optional[Path] = None, progress: bool = True,
                 minutes: Optional[float] = None) -> Tuple[Path, Report]:
-    """Heads for ``model`` trained on ``files`` (default: the mix of training/data.py), written to
+    """Heads for ``model`` trained on ``files`` (UTF-8 text, each read only as far as the tokens
+    wanted: ``data.file_tokens``; default: the mix of training/data.py), written to
     ``output`` (default: where they are found without --heads, training.run's ``cached_path``).
     Returns the file and the training's report. Ctrl-C while the text is read trains on what
     was read; while training, keeps the heads as they are. ``tokens``: the text's rows to read
@@ -71,9 +72,8 @@ def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: Trai
     if minutes is not None and not minutes > 0:
         raise ConfigError(f"minutes must be > 0, got {minutes}")
     files = [Path(f) for f in files]
-    for f in files:
-        if not f.is_file():
-            raise ConfigError(f"no such training file: {f}")
+    for f in files:  # a binary file refused before the target loads (or downloads)
+        check_text_file(f)
     path = models.resolve_model(model, cache_dir, progress)
     out = Path(output) if output is not None else cached_path(path, models.cache_dir(cache_dir))
     out.parent.mkdir(parents=True, exist_ok=True)

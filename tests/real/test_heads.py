@@ -140,6 +140,25 @@ def test_heads_of_another_model_are_one_line(smol_heads, smol_quant, tmp_path):
                           "needs a heads file")
 
 
+def test_a_training_file_s_tokens_are_its_text_s_read_a_block_at_a_time(model_file, monkeypatch):
+    """A training file is tokenized a block at a time (bounded memory, whatever its size): a file
+    within a block gives the tokens of its whole text, and smaller blocks, cut at lines' ends,
+    the same text."""
+    from llamaspec.training import data
+    model = Model(model_file(SMOL), vocab_only=True)
+    try:
+        readme = ROOT / "README.md"
+        text = readme.read_text(encoding="utf-8")
+        whole = model.tokenize(text, add_special=True, parse_special=False)
+        assert data.file_tokens(model, readme, 5000) == whole[:5000]
+        monkeypatch.setattr(data, "BLOCK", 4096)
+        small = data.file_tokens(model, readme, 5000)
+        bos = len(model.tokenize("", add_special=True, parse_special=False))
+        assert len(small) == 5000 and text.startswith(model.detokenize(small[bos:]))
+    finally:
+        model.close()
+
+
 def test_the_default_mix_s_answers_are_the_target_s_greedy_text(model_file):
     """training.data.answers: three answers decoded two at a time (the third prompt read into the
     sequence of the first answer to end, after the prefix the prompts share), one row per

@@ -35,7 +35,8 @@ def fake_heads(k=3, seed=0):
     return Heads(rng.normal(0, 0.3, (R, 2 * D)).astype(np.float32), rng.normal(0, 0.1, R).astype(np.float32),
                  rng.normal(0, 0.3, (D, R)).astype(np.float32),
                  tokens, rng.normal(0, 1, (N, D)).astype(np.float32), k,
-                 {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf"})
+                 {"format": FORMAT, "n_vocab": V, "n_embd": D, "sha256": "x", "model": "fake.gguf", "heads": k,
+                  "n_tokens": N})
 
 
 def test_a_pending_token_is_its_row_of_the_map_s_output_matrix_or_zero():
