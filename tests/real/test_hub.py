@@ -144,8 +144,9 @@ def hub(model_file, smol_quant, split_smol):
 
 def llamaspec(hub, cache: Path, *args: str, offline: bool = False, endpoint: "str | None" = None):
     env = {**os.environ, "HF_ENDPOINT": endpoint or hub.url, "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_XET": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "30"}
-    env.pop("HF_TOKEN", None)
+           "HF_HUB_DISABLE_TELEMETRY": "1", "LLAMASPEC_HUB_TIMEOUT": "30"}
+    for name in ("HF_TOKEN", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "LLAMASPEC_HUB_DEADLINE"):
+        env.pop(name, None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     return subprocess.run([console_script(), *args], capture_output=True, text=True, env=env, timeout=600)
@@ -205,7 +206,7 @@ def test_a_cached_model_is_used_offline_and_with_no_hub_at_all(hub, tmp_path):
     one_line(llamaspec(hub, cache, "models", "path", "-hf", "test/Qwen-draft-GGUF", offline=True),
              "HF_HUB_OFFLINE is set, and the local cache holds nothing of test/Qwen-draft-GGUF")
     one_line(llamaspec(hub, cache, "models", "path", "-hf", "test/Qwen-draft-GGUF", endpoint="http://127.0.0.1:9"),
-             "the hub cannot be reached")
+             "the hub at http://127.0.0.1:9 cannot be reached (ConnectError), and the local cache holds nothing")
 
 
 def test_every_error_is_one_line(hub, tmp_path):
