@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 from ..errors import GrammarError, LlamaspecError
+from .finite import finite
 
 # Seconds a grammar may take to compile (in the worker; here it then takes about as long).
 COMPILE_SECONDS = 1.0
@@ -85,7 +86,8 @@ _stack_lock = threading.Lock()  # threading.stack_size is the process's: set and
 
 class Refused(Exception):
     """The grammar engine refused a grammar: its own ``message`` (``problem`` words it) and the
-    ``stage`` that did, "gbnf" (the conversion) or "compile"."""
+    ``stage`` that did, "gbnf" (the conversion) or "compile"; or "finite": it allows no finite
+    text (``finite.py``)."""
 
     def __init__(self, message: str, stage: str) -> None:
         super().__init__(message)
@@ -110,7 +112,8 @@ class Compiler:
     def compile(self, syntax: str, text: str) -> str:
         """llguidance's compiled grammar of ``text`` (``syntax``: "lark" or "gbnf"). GrammarError
         where the engine crashed or ran out of time or memory on it; Refused with its message
-        where it refused it."""
+        where it refused it, or (stage "finite") where the grammar allows no finite text, which
+        the engine compiles and then follows until its text outgrows its limits."""
         request = pickle.dumps({"syntax": syntax, "text": text, "limits": LIMITS})
         with self._lock:
             if self._closed:
@@ -128,6 +131,8 @@ class Compiler:
                                    f"deeply or too large); simplify it") from None
         answer = json.loads(reply)
         if "grammar" in answer:
+            if not finite(answer.get("lark", text)):  # here, out of the worker's time: it is linear
+                raise Refused("no finite text", "finite")
             return answer["grammar"]
         if answer["stage"] == "memory":
             raise GrammarError(f"compiling it needs more than {WORKER_MEMORY_MB} MB; simplify it")

@@ -129,7 +129,9 @@ class Grammar:
 
 def refused(grammar: Grammar, text: str, stage: str) -> GrammarError:
     """The GrammarError of the engine's message ``text`` on ``grammar`` (``stage``: "gbnf": its
-    conversion, "compile", "follow": a text it could not follow)."""
+    conversion, "compile", "follow": a text it could not follow, "finite": no text ends)."""
+    if stage == "finite":
+        return GrammarError("it allows no finite text", grammar.field)
     said, line = problem(text)
     if stage == "gbnf":
         return GrammarError(f"the GBNF grammar does not parse: {said}", grammar.field)

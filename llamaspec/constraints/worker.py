@@ -10,7 +10,8 @@ library and llguidance (not llamaspec, which loads llama.cpp). Messages on stdin
     (the model's token texts, its end tokens)   ->  {"ready": true}       once, first (or None:
                                                                           no vocabulary, a check)
     {"syntax": "lark" | "gbnf", "text": ..., "limits": {...}}
-                                                ->  {"grammar": llguidance's compiled grammar}
+                                                ->  {"grammar": llguidance's compiled grammar,
+                                                         "lark": the GBNF's conversion (GBNF only)}
                                                     or {"error": the engine's message, "stage": ...}
 
 With a vocabulary the grammar is compiled as the caller's matcher is (its lexer over every
@@ -82,13 +83,19 @@ def compile_grammar(request: Dict[str, Any], tok: Any) -> Dict[str, Any]:
         problem = LLMatcher.validate_grammar(grammar, limits=limits)
         if problem and not problem.startswith("WARNING"):
             return {"error": problem, "stage": "compile"}
-        return {"grammar": grammar}
+        return compiled(request, grammar, text)
     matcher = LLMatcher(tok, grammar, log_level=0, limits=limits)
     if not matcher.is_error():
         matcher.compute_bitmask()
     if matcher.is_error():
         return {"error": matcher.get_error(), "stage": "compile"}
-    return {"grammar": grammar}
+    return compiled(request, grammar, text)
+
+
+def compiled(request: Dict[str, Any], grammar: str, lark: str) -> Dict[str, Any]:
+    """The answer for a grammar that compiled: with a GBNF grammar, its conversion too (the
+    caller reads the Lark for what the engine does not check, ``finite.py``)."""
+    return {"grammar": grammar, "lark": lark} if request["syntax"] == "gbnf" else {"grammar": grammar}
 
 
 def answer(request: Dict[str, Any], tok: Any) -> Dict[str, Any]:
