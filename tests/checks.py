@@ -174,7 +174,11 @@ class Server:
         return self.request("GET", path, None, headers)
 
     def request(self, method: str, path: str, body, headers: Dict[str, str] = {}):  # noqa: B006
+        """The status and JSON answer of a request; a body is declared JSON unless ``headers``
+        give a Content-Type (urllib's own default, a form, the server refuses with 415)."""
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        if data is not None and not any(k.lower() == "content-type" for k in headers):
+            headers = {"Content-Type": "application/json", **headers}
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=300) as r:

@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Tuple
 
 import click
 
@@ -148,26 +148,30 @@ def chat(context: click.Context, system: str, no_stats: bool, **o: Any) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
 @click.option("--api-key", default=None,
               help="Require this key (Authorization: Bearer KEY, or x-api-key: KEY) on every request but /health.")
+@click.option("--cors-origin", "cors", multiple=True, metavar="ORIGIN",
+              help="A web page's origin (http://localhost:3000; a comma-separated list, repeatable; *: any) "
+                   "that may call the server; pages of other origins get 403.")
 @click.option("--queue", type=click.IntRange(0), default=16, show_default=True,
               help="Requests that may wait while --parallel are served; more get 503 at once.")
 @click.option("--parallel", "-np", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
               help="Requests decoded together (each on its own KV-cache sequence of --ctx-size tokens, "
                    "drafting with every source but a draft model); 1: one at a time with every source.")
 @click.pass_context
-def serve(context: click.Context, host: str, port: int, api_key: Optional[str], queue: int, parallel: int,
-          **o: Any) -> None:
+def serve(context: click.Context, host: str, port: int, api_key: Optional[str], cors: Tuple[str, ...], queue: int,
+          parallel: int, **o: Any) -> None:
     """An OpenAI-compatible server (chat and text completions, streamed or not) with the same
     speculation as generate and chat. --json-schema, --json-mode, --grammar or --grammar-file
     constrain every request that asks for no format of its own. Needs: pip install
     'llamaspec[server]'."""
-    from ..server import check_address, require_server, serve as run_server
+    from ..server import check_address, cors_origins, require_server, serve as run_server
     registry = parse_sources(o, context.args)
     require_server()  # before loading any model
     check_address(host, port)
+    origins = cors_origins(cors)
     grammar = grammar_option(o)
     with load_spec(o, registry, default_draft=False) as spec:
         together = f", {parallel} requests decoded together" if parallel > 1 else ""
         click.echo(f"llamaspec serve: {spec.model_name} ({spec.spec_name}{together}) on http://{host}:{port}/v1; "
                    f"Ctrl-C stops", err=True)
         run_server(spec, host, port, queue, api_key, parallel, grammar,
-                   reload=(lambda: load_spec(o, registry, default_draft=False)) if o["rpc"] else None)
+                   reload=(lambda: load_spec(o, registry, default_draft=False)) if o["rpc"] else None, cors=origins)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import socket
 import sys
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -30,6 +31,18 @@ def require_server() -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
+
+
+def cors_origins(values: Sequence[str]) -> Tuple[str, ...]:
+    """The origins ``--cors-origin`` gives (each value one or a comma-separated list; ``*``: any),
+    checked before any model loads: an origin is a scheme and a host, with a port or not, and no
+    path (``http://localhost:3000``), as a browser's Origin header spells it."""
+    origins = tuple(o.strip() for value in values for o in value.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s]+/?", origin):
+            raise ConfigError(f"--cors-origin {origin!r}: an origin is a scheme and a host (http://localhost:3000), "
+                              f"or * for any")
+    return origins
 
 
 def check_address(host: str, port: int) -> None:
@@ -70,11 +83,12 @@ def _answering_half_closed() -> type:
 
 def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
           api_key: Optional[str] = None, parallel: int = 1, grammar: Any = None,
-          reload: Optional[Callable[[], Any]] = None) -> None:
+          reload: Optional[Callable[[], Any]] = None, cors: Sequence[str] = ()) -> None:
     """Serve ``spec`` until interrupted, logging one line per request on stderr; ``parallel`` > 1:
     that many requests decoded together (a Batcher); ``grammar``: the constraint of every request
     that asks for none of its own; ``reload``: loads the LlamaSpec again when its RPC servers
-    failed (the server answers 503 until it has)."""
+    failed (the server answers 503 until it has); ``cors``: the web pages' origins that may call
+    it besides its own (``cors_origins``; ``*``: any)."""
     require_server()
     import uvicorn
 
@@ -111,7 +125,7 @@ def serve(spec: Any, host: str = "127.0.0.1", port: int = 8080, queue: int = 16,
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    app = create_app(spec, queue, api_key, batcher, grammar, draining, reload)
+    app = create_app(spec, queue, api_key, batcher, grammar, draining, reload, cors)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_SECONDS, http=_answering_half_closed())
     try:

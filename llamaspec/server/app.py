@@ -10,6 +10,9 @@ events as OpenAI sends them. A client that disconnects before its answer is comp
 or not, ends its generation within a step and frees its turn.
 Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (``errors`` below
 maps exceptions to status codes in one place); the server never answers bad input with a 500.
+Before a body is read (``guard``), a request from a web page of another origin is refused unless
+``--cors-origin`` allows it, and a POST must declare its body JSON: a page may send any site's
+server a form or text POST without asking first, never a JSON one.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ import json
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
@@ -42,6 +45,11 @@ DRAIN_CHECK = 0.1
 RELOAD_EVERY = 2.0
 # Levels a request body may nest (a JSON schema of 200 levels takes about 400).
 MAX_BODY_DEPTH = 512
+
+# What the preflight (OPTIONS) of a page whose origin --cors-origin allows is told it may send.
+CORS_METHODS = "GET, POST, OPTIONS"
+CORS_HEADERS = ("Content-Type", "Authorization", "x-api-key", "anthropic-version")
+CORS_MAX_AGE = "600"  # seconds a browser may keep a preflight's answer
 
 
 class Busy(Exception):
@@ -156,7 +164,9 @@ class BadRequest(Exception):
 
 
 def parse(raw: bytes, model: Any) -> Any:
-    """The JSON body as ``model`` (whatever its Content-Type says, as llama-server reads it)."""
+    """The JSON body as ``model``. Its Content-Type was checked first (``json_declared``): llama-server
+    reads a body whatever its type says, but a web page may POST text/plain to any server without
+    a CORS preflight, so a JSON endpoint takes only what is declared JSON."""
     try:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as e:
@@ -243,16 +253,77 @@ def errors(app: FastAPI) -> None:
         return error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", path=request.url.path)
 
 
+def json_declared(content_type: str) -> bool:
+    """Whether a Content-Type declares JSON: ``application/json`` (any parameters, any case) or a
+    ``+json`` type. A page may send text/plain, a form or multipart to any server without a
+    preflight; JSON it may send only to a server whose preflight allows its origin."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def normal_origin(origin: str) -> str:
+    """An origin as compared: lower case, no trailing slash and no default port (a browser leaves
+    out :80 and :443, in its Origin header and in its Host header alike)."""
+    origin = origin.strip().rstrip("/").lower()
+    for scheme, port in (("http://", ":80"), ("https://", ":443")):
+        if origin.startswith(scheme) and origin.endswith(port):
+            return origin[:-len(port)]
+    return origin
+
+
+def foreign_origin(request: Request) -> Optional[str]:
+    """The request's Origin where it is not the server's own (the scheme and the Host it was
+    sent to: a page the server itself serves); None without one (curl, SDKs, editors send none)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    own = normal_origin(f"{request.url.scheme}://{request.headers.get('host', '')}")
+    return None if normal_origin(origin) == own else origin
+
+
+def cors_headers(origin: str, preflight: Optional[Request] = None) -> Dict[str, str]:
+    """The response headers that let a page of the allowed ``origin`` read the answer; for a
+    ``preflight``, what it may send too: the methods, CORS_HEADERS and those the preflight asks
+    for (the origin is trusted: browser SDKs add headers of their own)."""
+    headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+    if preflight is not None:
+        asked = [h.strip() for h in preflight.headers.get("access-control-request-headers", "").split(",")]
+        extra = [h for h in asked if h and h.replace("-", "").isalnum() and h.lower() not in
+                 {c.lower() for c in CORS_HEADERS}]
+        headers.update({"Access-Control-Allow-Methods": CORS_METHODS,
+                        "Access-Control-Allow-Headers": ", ".join([*CORS_HEADERS, *extra]),
+                        "Access-Control-Max-Age": CORS_MAX_AGE})
+    return headers
+
+
+def refusal(request: Request, api_key: Optional[str], json_posts: Set[str]) -> Optional[JSONResponse]:
+    """The answer to a request refused before its body is read: 401 without the API key (but on
+    /health), 415 for a POST to a JSON endpoint whose body is not declared JSON; None to serve it."""
+    path = request.url.path
+    if api_key and path != "/health":  # OpenAI's header, or Anthropic's x-api-key
+        if request.headers.get("authorization", "") != f"Bearer {api_key}" \
+                and request.headers.get("x-api-key") != api_key:
+            return error(401, "missing or wrong API key (Authorization: Bearer ..., or x-api-key)",
+                         "authentication_error", path=path)
+    content_type = request.headers.get("content-type", "")
+    if request.method == "POST" and path in json_posts and not json_declared(content_type):
+        return error(415, f"the body must be declared JSON (Content-Type: application/json), got "
+                          f"{shown(content_type) if content_type else 'no Content-Type'}", "invalid_request_error",
+                     path=path)
+    return None
+
+
 def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batcher: Any = None,
                grammar: Any = None, draining: Optional[threading.Event] = None,
-               reload: Optional[Callable[[], Any]] = None) -> FastAPI:
+               reload: Optional[Callable[[], Any]] = None, cors_origins: Sequence[str] = ()) -> FastAPI:
     """The API over ``spec`` (a LlamaSpec): chat and text completions, models, health. With
     ``batcher`` (spec.batcher(N)), N requests at a time are decoded together through it.
     ``grammar``: the constraint of every request that asks for no format (response_format,
     grammar, json_schema) of its own. Once ``draining`` is set (the server is stopping), new
     requests get 503 and every answer under way ends at its next step, saying what it had.
     When the model's RPC servers fail, it is loaded again with ``reload`` (see Served); the
-    app's ``state.served`` holds what it answers with."""
+    app's ``state.served`` holds what it answers with. ``cors_origins``: the web pages' origins
+    (``*``: any) that may call it besides its own, with their CORS headers; others get 403."""
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None)
     draining = draining if draining is not None else threading.Event()
     waiting = Queue(queue, batcher.parallel if batcher is not None else 1, draining)
@@ -269,14 +340,24 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
             response = JSONResponse(body, status_code=503)
         return response
 
+    allowed = {normal_origin(o) for o in cors_origins}
+    json_posts: Set[str] = set()  # the POST routes, all of them JSON: filled once they are declared below
+
     @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable) -> Any:
-        if api_key and request.url.path != "/health":  # OpenAI's header, or Anthropic's x-api-key
-            if request.headers.get("authorization", "") != f"Bearer {api_key}" \
-                    and request.headers.get("x-api-key") != api_key:
-                return error(401, "missing or wrong API key (Authorization: Bearer ..., or x-api-key)",
-                             "authentication_error", path=request.url.path)
-        return await call_next(request)
+    async def guard(request: Request, call_next: Callable) -> Any:
+        """A page of a foreign origin: 403 unless allowed, its preflight answered (before the
+        API key: a browser sends none with it); then ``refusal``; an allowed page gets its CORS
+        headers on every answer."""
+        origin = foreign_origin(request)
+        if origin is not None and "*" not in allowed and normal_origin(origin) not in allowed:
+            return error(403, f"a web page of the origin {shown(origin)} may not call this server "
+                              f"(serve --cors-origin allows one)", "permission_error", path=request.url.path)
+        if origin is not None and request.method == "OPTIONS" and "access-control-request-method" in request.headers:
+            return Response(status_code=204, headers=cors_headers(origin, request))
+        response = refusal(request, api_key, json_posts) or await call_next(request)
+        if origin is not None:
+            response.headers.update(cors_headers(origin))
+        return response
 
     @app.get("/health")
     async def health() -> Any:
@@ -362,6 +443,7 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
         served.check()
         return native.slots(served.spec, waiting.parallel, waiting.running)
 
+    json_posts.update(route.path for route in app.routes if "POST" in (getattr(route, "methods", None) or ()))
     return RequestLog(app)
 
 

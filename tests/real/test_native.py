@@ -33,7 +33,8 @@ def post(server, path: str, body) -> dict:
 
 def events(server, path: str, body: dict) -> list:
     """The raw server-sent events of a stream, read to the end."""
-    req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(), method="POST")
+    req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return [event for event in r.read().decode().split("\n\n") if event]
 

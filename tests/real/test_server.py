@@ -401,7 +401,7 @@ def test_bad_input_is_a_4xx_with_an_openai_error_body(request, kind, path, body,
 def _stream(server, body: dict) -> list:
     """The server-sent events of a streamed completion, read to the end."""
     req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
-                                 method="POST")
+                                 method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return [line[len(b"data: "):].decode() for line in r.read().split(b"\n\n") if line.startswith(b"data: ")]
 
@@ -533,7 +533,8 @@ def test_a_body_cut_short_is_one_log_line_and_a_half_closed_client_is_answered(s
     each, saying the client left, and no traceback. One half-closes after a whole HTTP/1.0
     request (nc -N): it gets its whole answer, as llama-server gives it."""
     server = Server("-m", smol, "-t", str(THREADS), "-c", "1024")
-    cut = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\""
+    cut = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 1000\r\n\r\n{\"prompt\"")
     try:
         for _ in range(3):
             c = socket.create_connection(("127.0.0.1", server.port))
@@ -541,8 +542,8 @@ def test_a_body_cut_short_is_one_log_line_and_a_half_closed_client_is_answered(s
             c.close()
         assert _half_closed(server.port, cut) == b""
         body = b'{"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}'
-        reply = _half_closed(server.port, b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s"
-                             % (len(body), body))
+        reply = _half_closed(server.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         head, _, answer = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and json.loads(answer)["choices"][0]["text"], reply
         assert server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
