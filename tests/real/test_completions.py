@@ -24,7 +24,8 @@ def llama(smol):
 def shape(value: Any) -> Any:
     """The keys of a response, recursively (lists by their first element), without values."""
     if isinstance(value, dict):
-        return {key: shape(v) for key, v in value.items() if key != "timings"}  # timings: llama-server's extra
+        # extras: llama-server's timings, OpenAI's usage.prompt_tokens_details (the cached prefix)
+        return {key: shape(v) for key, v in value.items() if key not in ("timings", "prompt_tokens_details")}
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return type(value).__name__ if value is not None else None
