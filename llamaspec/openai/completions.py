@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tupl
 
 from ..errors import ConfigError, GrammarError, shown
 from ..constraints import Grammar
-from .tools import (CallReader, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
+from .tools import (CallReader, Event, Tools, grammar_with, legacy_chunks, legacy_messages, legacy_reply, legacy_tools,
                     read as read_calls, template_tools, with_calls)
 from ..engine.generation import Chunk, Result
 from ..engine.scheduler import RequestStream, Stream, aggregate
@@ -450,13 +450,7 @@ def reply_events(run: ChatRun, abandoned: Optional[threading.Event] = None) -> I
     reader = CallReader(run.names) if run.names is not None else None
     try:
         for _, chunk, _ in _read(run.events, 1, abandoned):
-            if reader is None:
-                if chunk.text:
-                    yield "content", chunk.text
-            else:
-                yield from reader.feed(chunk.text) if chunk.text else []
-                if chunk.result is not None:
-                    yield from reader.finish()
+            yield from _text_events(reader, chunk)
             if chunk.result is not None:
                 yield "end", chunk.result
     finally:
@@ -501,16 +495,20 @@ def _chat_chunks(spec: Generator, events: "Events", n: int, head: Response, aban
         events.close()  # a reader that stops early stops the generation
 
 
+def _text_events(reader: Optional[CallReader], chunk: Chunk) -> List[Event]:
+    """A chunk's text as ("content", text) and ("call", call) events: read for calls by
+    ``reader`` (what it held back comes with the last chunk), or as it is without one."""
+    if reader is None:
+        return [("content", chunk.text)] if chunk.text else []
+    read = reader.feed(chunk.text) if chunk.text else []
+    return read + reader.finish() if chunk.result is not None else read
+
+
 def _deltas(reader: Optional[CallReader], chunk: Chunk, done: int) -> Tuple[List[Response], int]:
     """A chunk's deltas (its text, or read by ``reader``, content and calls) and the number of
     calls so far (``done`` before it)."""
-    if reader is None:
-        return ([{"content": chunk.text}] if chunk.text else []), done
-    read = reader.feed(chunk.text) if chunk.text else []
-    if chunk.result is not None:
-        read += reader.finish()
     deltas: List[Response] = []
-    for kind, value in read:
+    for kind, value in _text_events(reader, chunk):
         if kind == "content":
             deltas.append({"content": value})
             continue
