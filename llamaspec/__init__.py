@@ -11,6 +11,7 @@ The package, layer by layer, from the ground up (a layer imports only those belo
     llama/        llama.cpp through its low-level API: models, contexts, vocabularies, chat
                   templates, n-gram cache files
     constraints/  JSON schemas and grammars the text follows (llguidance's matcher)
+    draft_heads.py  the draft heads' model and file format (training/ writes it, sources/ reads it)
     sources/      draft sources propose candidate tokens, each a plugin in one module (lookup,
                   n-gram caches, lookahead, a draft model, sibling samples, the grammar)
     planning/     acceptance estimates and measured costs choose the token trie worth verifying
@@ -19,6 +20,7 @@ The package, layer by layer, from the ground up (a layer imports only those belo
     assembly.py   a LlamaSpec put together;  api.py: LlamaSpec, the public Python API
     server/       the OpenAI-compatible HTTP server
     measure/      bench, compare, agreement, replays of recorded answers
+    training/     draft heads trained on the target's hidden states (llamaspec heads train)
     cli/          the llamaspec command and its terminal chat
 """
 

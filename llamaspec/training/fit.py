@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import check
-from ..sources.heads import MAX_HEADS, RANKS, Heads
+from ..draft_heads import MAX_HEADS, RANKS, Heads
 from .data import States
 
 COVERAGE = 0.95  # the map's default size: the fewest tokens that make this share of the target's

@@ -13,7 +13,7 @@ from ..config import default_threads
 from ..errors import ConfigError
 from ..llama import models
 from ..llama.binding import Model
-from ..sources.heads import FORMAT, cached_path
+from ..draft_heads import FORMAT, cached_path
 from .data import GROUP, check_text_file, collect, default_texts, file_texts, output_rows
 from .fit import Report, TrainConfig, train
 

@@ -16,7 +16,7 @@ import pytest
 import llamaspec
 from llamaspec.llama import models
 from llamaspec.llama.binding import Model
-from llamaspec.sources.heads import Heads, HeadsError, cached_path
+from llamaspec.draft_heads import Heads, HeadsError, cached_path
 from llamaspec.training.data import output_rows
 from llamaspec.training.run import LARGE, SMALL_TARGET, defaults
 

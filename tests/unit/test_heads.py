@@ -20,8 +20,8 @@ from llamaspec.planning.speculator import Speculator, _share
 from llamaspec.planning.trie import Trie
 from llamaspec.sampling import Distribution
 from llamaspec.sources.base import Budget, Candidate, Outcome, Proposal
-from llamaspec.sources.heads import (FORMAT, PLUGIN, PRIORS, Guess, Heads, HeadsError, HeadsSource, largest, silu,
-                                   tree)
+from llamaspec.draft_heads import FORMAT, Heads, HeadsError, largest, silu
+from llamaspec.sources.heads import PLUGIN, PRIORS, Guess, HeadsSource, tree
 from llamaspec.training.fit import (DEPTH_1, Adam, chain_step, folded, held_out, split, targets, token_map, TrainConfig,
                                     train)
 from llamaspec.training.data import SPREAD, States, best

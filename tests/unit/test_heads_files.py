@@ -21,7 +21,7 @@ import pytest
 
 from conftest import assert_one_line_error, run
 from llamaspec.errors import ConfigError
-from llamaspec.sources.heads import MAX_ARRAY_BYTES, Heads, HeadsError
+from llamaspec.draft_heads import MAX_ARRAY_BYTES, Heads, HeadsError
 from llamaspec.training import data
 from llamaspec.training.data import blocks, check_text_file, file_tokens
 
