@@ -8,8 +8,9 @@
     compiler.close()
 
 The grammar engine (llguidance) is native code: a grammar nested deeply enough overflows its
-stack and ends the process (an object of 3,500 optional properties did, from one request), and
-GBNF's conversion to its syntax takes seconds for some texts (a chain of 5,000 rules took 15 s).
+stack and ends the process (an object of thousands of optional properties did, from one
+request), and GBNF's conversion to its syntax takes seconds for some texts (a long chain of
+rules; docs/results.md, "Grammar limits and costs").
 So every grammar is compiled first by a worker process (``worker.py``) on a thread of
 WORKER_STACK_MB, with at most WORKER_MEMORY_MB, and given COMPILE_SECONDS: a crash, a timeout
 or an error there is a GrammarError here, and the worker is started again for the next grammar.
@@ -38,7 +39,7 @@ from .finite import finite
 
 # Seconds a grammar may take to compile (in the worker; here it then takes about as long).
 COMPILE_SECONDS = 1.0
-# Seconds the worker may take to start (Python, llguidance, the tokenizer of 150k tokens: 0.7 s).
+# Seconds the worker may take to start (Python, llguidance, the tokenizer), with room for a busy machine.
 START_SECONDS = 60.0
 WORKER_STACK_MB = 256  # a chain of about 90,000 rules
 CALLER_STACK_MB = 2 * WORKER_STACK_MB

@@ -4,7 +4,7 @@ by token.
     grammar = Grammar.json_schema(schema)   # or Grammar.json(), Grammar.gbnf(text): checked for
                                             # what Python sees (JSON, the schema's shape and size)
     vocab = GrammarVocabulary(model)        # the model's tokens as the matcher reads them (built
-                                            # once per model, on first use: about 1 s for 150k tokens)
+                                            # once per model, on first use)
     state = vocab.constraint(grammar)       # one per text: where its text is in the grammar; the
                                             # grammar compiled on first use (GrammarError here)
     row = state.mask(logits)                # the target's row, every token the grammar forbids at -inf
@@ -16,8 +16,8 @@ sampler chain (greedy: the argmax among allowed tokens), as llama.cpp's sampler 
 first. Once the grammar is complete it allows only the tokens that end a generation.
 
 A JSON schema allows the texts llama.cpp's conversion allows (``json_schema.py``). The matcher is
-llguidance's (a mask over 151,936 tokens and a step in 0.17 ms where llama.cpp's grammar sampler
-takes 12.4 ms on the same CPU; see docs/design.md). A grammar is compiled first in a worker
+llguidance's (a mask and a step far faster than llama.cpp's grammar sampler on the same CPU;
+see docs/design.md and docs/results.md, "Grammar limits and costs"). A grammar is compiled first in a worker
 process, within a time limit (``compiler.py``), then here once per model: the start of each
 grammar is kept (the last STARTS of them) and every text starts from a copy of it.
 """

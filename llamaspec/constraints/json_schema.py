@@ -19,12 +19,12 @@ formats, ``allOf``, objects with extra properties beside listed ones) are handed
 own JSON compiler for that value (``%json``), with the same whitespace.
 
 An ``enum`` (or an ``anyOf`` of constants) is one lexeme of its values' texts, not a rule of
-alternatives the parser would track one by one: 50,000 values compile in a quarter of a second
-and cost nothing per token. What the grammar engine follows too slowly is refused with its place
+alternatives the parser would track one by one: MAX_VALUES values compile fast and cost
+nothing per token. What the grammar engine follows too slowly is refused with its place
 in the schema and the limit: more than MAX_DEPTH levels of nesting, MAX_VALUES values in an enum,
 MAX_OPTIONS options in an ``anyOf``, MAX_OPTIONAL optional properties in an object (the parser
-tracks every property that may come next: at 2,500 a token's mask takes about 45 ms, at 5,000
-four times as long).
+tracks every property that may come next: a token's mask costs more than linearly in their
+number; docs/results.md, "Grammar limits and costs", has the costs).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ object: "{" sp (STRING ":" sp value ("," sp STRING ":" sp value)*)? sp "}"
 array: "[" sp (value ("," sp value)*)? sp "]"
 """
 # Keywords that only describe (they allow every text they are found on).
-# The limits on a schema's size (measured on a 2-core Xeon VM: an enum of 50,000 values compiles
-# in 0.26 s; an anyOf of 2,000 objects makes each token's mask cost about 8 ms).
+# The limits on a schema's size: what compiles fast and keeps a token's mask cheap on a 2-core
+# CPU (docs/results.md, "Grammar limits and costs").
 MAX_DEPTH = 200  # schemas nested in one another (each a level of recursion here)
 MAX_VALUES = 50_000  # values in one enum
 MAX_OPTIONS = 2_000  # options of one anyOf/oneOf that are not all constants

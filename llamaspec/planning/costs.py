@@ -26,10 +26,10 @@ PREFIX = 256  # tokens in the cache while measuring: attention over a typical pr
 DEEP = 1024  # and again behind this many, for how costs grow with the text (fewer sizes)
 DEEP_SIZES = (1, 2, 4, 8, 16, 32)
 # The cache is filled with text and decodes are of text (a cache of one repeated token made
-# single-token decodes 3% slower), and a single token, the unit of every cost, is timed ONES
+# single-token decodes slower), and a single token, the unit of every cost, is timed ONES
 # times as often as the other sizes: with one BOS token repeated and one try per repeat, the
-# curve said 61 ms for one token where generation took 56, and every batch cost 5-10% more,
-# relative to one token, than the curve said.
+# curve overstated one token's cost against generation's, and so understated every batch's
+# relative to it (docs/results.md, "How the benchmarks measure").
 ONES = 4
 # On a GPU, decodes of a size are timed after WARM untimed ones of that size (so that they are
 # replayed as captured graphs, as in a run that keeps its shape); a change of shape is timed as
@@ -48,8 +48,8 @@ class CostCurve:
     """``relative[n - 1]`` is the wall time of one decode of n tokens over that of one token, with
     ``context`` tokens in the KV cache. ``deep`` is the same with ``deep_context`` tokens: every
     row attends to every cached token, so behind a longer text a batch costs more, relative to a
-    single token too (Qwen2.5-Coder-1.5B on a 2-core Xeon: 16 rows cost 3.8 single-token decodes
-    behind 256 tokens, 4.3 behind 1024 and 4.8 behind 2048). Between the two and beyond, the
+    single token too (docs/results.md, "Tuning the planner by replaying recorded answers").
+    Between the two and beyond, the
     milliseconds of a decode of n rows follow the length of the text linearly.
 
     On a GPU the costs are those of a decode after decodes of its own row count (replayed as a
@@ -96,8 +96,8 @@ def _cpu_curve(costs: Sequence[float], ms_per_token: float) -> CostCurve:
 
 # Curves of Qwen2.5-Coder-1.5B Q4_K_M on 2-core machines (`llamaspec profile`, idle), for replays
 # and tests that must not depend on the machine they run on: the reference machine's, a steeper
-# one (an AMD EPYC VM: one drafted token must be accepted 78% of the time to pay) and a flatter
-# one (a Xeon VM, llama.cpp built without AMX: 16 rows cost 3.8 single-token decodes).
+# one (an AMD EPYC VM, where a drafted token must be accepted most of the time to pay) and a
+# flatter one (a Xeon VM, llama.cpp built without AMX).
 REFERENCE_CPU = _cpu_curve([1.00, 1.51, 2.05, 2.47, 3.65, 5.71, 7.02, 6.74, 10.26, 11.53], 30.0)
 STEEP_CPU = _cpu_curve([1.0, 1.775, 2.456, 3.046, 4.421, 6.787, 8.493, 8.275, 12.389, 14.071], 33.0)
 FLATTER_CPU = _cpu_curve([1.0, 1.492, 1.813, 1.733, 2.62, 3.178, 3.876, 3.803, 5.828, 6.32], 61.0)
@@ -125,7 +125,7 @@ class CostModel:
     size's estimate is curve.ms(n) times the blend (own weight w_n, global weight PULL), so a
     size seldom seen follows the machine's overall drift. Verify costs are recomputed from the
     refined estimates every REFRESH decodes: one decode moves them little, and recomputing them
-    after every decode cost as much as the rest of planning (a 135M model decodes in 8 ms).
+    after every decode cost as much as the rest of planning (beside a small model's decode).
     """
 
     DECAY = 0.97
@@ -337,8 +337,8 @@ def load_or_measure_draft(ctx: Context, target: CostCurve, target_model: Model, 
                           progress: bool = False) -> CostCurve:
     """The draft model's curve, by load_or_measure, trusted only when plausible_draft: a draft
     whose file is smaller than its target's but whose token took longer than the target's was
-    measured on a busy machine (beside a test suite, a 0.5B draft token once cost 14 of its
-    1.5B target's). The target's costs are refined from every decode, but a draft's only while
+    measured on a busy machine (beside a test suite, a 0.5B draft token once cost many times
+    its 1.5B target's). The target's costs are refined from every decode, but a draft's only while
     it drafts, and a draft that looks slow is never asked."""
     return load_or_measure(ctx, cache_file, progress, lambda curve: plausible_draft(curve, ctx.model, target,
                                                                                      target_model))

@@ -1,10 +1,9 @@
 """Whether asking the draft sources is worth its own time this step.
 
 Asking takes time of llamaspec's own, outside llama_decode: every cheap source proposes and the
-planner chooses (about 0.5-1 ms a step). Beside a 35 ms decode (Qwen2.5-Coder-1.5B on a 2-core
-CPU) that is nothing; beside a 1.5 ms one (SmolLM2-135M on an H200) it is more than half a
-token, and a text that gives nothing to copy decoded a third slower with every source asked
-than plainly. So the speculator asks only while asking pays::
+planner chooses. Beside a large model's decode on a CPU that is nothing; beside a small model's
+on a GPU it is a good part of a token, and a text that gives nothing to copy decoded slower
+with every source asked than plainly. So the speculator asks only while asking pays::
 
     gain  = accepted tokens - (the step's planned cost - a plain step's)   single-token decodes
     time  = what asking took (measured), in single-token decodes
@@ -16,15 +15,13 @@ foresaw the step's tokens (a copy starting: lookup trusts it only after a few to
 asks again the next step, ``wait`` unchanged. Between asks a step is plain; the sources still
 learn from every step, so a copy found at the next ask is in step.
 
-The first ask of a text is left out of ``time``: it indexes the prompt (25 ms for the bench's
-code_edit prompt on the 2-core CPU), a cost once per text. Nothing measured, nothing gated: a
+The first ask of a text is left out of ``time``: it indexes the prompt, a cost once per text. Nothing measured, nothing gated: a
 replay that charges no time for asking asks every step.
 
-DECAY, START_GAIN and MAX_WAIT were chosen by replaying the 35 recorded answers in tests/data
-on the H200's curve with asking charged 0.55 and 0.2 single-token decodes: the speed-ups'
-geometric mean 0.97x and 1.19x with every step asking, 1.18x and 1.28x gated; the worst answer
-0.63x and 0.79x, gated 0.87x and 0.92x; the answers that copy ask 94-100% of their steps. On
-the 2-core CPU's curve at 0.05: 1.19x and 1.20x.
+DECAY, START_GAIN and MAX_WAIT were chosen by replaying the recorded answers in tests/data on
+the H200's curve, asking charged what it costs there: gated, the speed-ups' mean and the worst
+answer rose, and the answers that copy still ask nearly every step (docs/results.md, "Tuning
+the planner by replaying recorded answers").
 """
 
 from __future__ import annotations

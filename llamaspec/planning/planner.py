@@ -357,8 +357,8 @@ class Planner:
 
 def _measured(limits: Limits) -> Limits:
     """No more rows than the cost curve measured, unless other sequences' rows share the decode:
-    past N_MAX a cost is a guess (on a 2-core Xeon 33 rows cost 6.95 single-token decodes where
-    32 cost 6.11, a proportional guess 6.3)."""
+    past N_MAX a cost is a guess, and a proportional guess undershot the cost measured
+    (docs/results.md, "Tuning the planner by replaying recorded answers")."""
     return limits if limits.base_rows else replace(limits, max_rows=min(limits.max_rows, N_MAX))
 
 

@@ -3,10 +3,9 @@ captured graphs).
 
 llama.cpp's CUDA backend replays a decode as one captured CUDA graph when the two decodes before
 it had its shape; a decode of another row count runs its kernels one by one, and so do the next
-two of the new shape (one runs, one is captured). On an H200 with SmolLM2-135M a single-token
-decode took 1.37 ms replayed and 8 rows 1.78 ms replayed, but a verify of 8 rows between single
-tokens took 3.7 ms and the two single tokens after it 3.1 and 2.6 ms (scripts/gpu_graphs.py): a
-change of row count costs two to three single-token decodes more (``CostCurve.switch``).
+two of the new shape (one runs, one is captured). A change of row count thus costs a few
+single-token decodes more (``CostCurve.switch``; scripts/gpu_graphs.py measures it, and
+docs/results.md, "Tuning the planner by replaying recorded answers", has an H200's).
 
 So a decode that changes the row count is charged the switch, and a decode of fewer rows than
 the last one is padded up to its rows (rows of logits on a scratch sequence, emptied after it)
@@ -53,12 +52,10 @@ class Shape:
     keeping it has lost (``loss``). ``switch``: what a decode of another row count costs more, in
     single-token decodes (0: row counts cost nothing)."""
 
-    # Per single-row decode: what was forgone counts for about the last thirty. Replaying the 35
-    # recorded answers on the H200's curve, asking charged 0 / 0.2 / 0.55 single decodes a step,
-    # the speed-ups' geometric mean was 1.45 / 1.30 / 1.21x never entering; 1.52 / 1.34 / 1.24x
-    # at 0.9 a decode (a steady 0.2 tokens forgone a step, a draft head's, never enters: its sum
-    # stays under 2.66); 1.55 / 1.37 / 1.24x at 0.97, the worst answer 0.95 / 0.87 / 0.81x (never
-    # entering 0.92 / 0.85 / 0.81x); at 1.0, summing them all, 1.55 / 1.38 / 1.23x, worst 0.79x.
+    # Per single-row decode: what was forgone counts for about the last thirty. Chosen by
+    # replaying the recorded answers on the H200's curve: better than never entering, a shorter
+    # memory or summing them all (docs/results.md, "Tuning the planner by replaying recorded
+    # answers").
     FORGONE_DECAY = 0.97
 
     switch: float = 0.0

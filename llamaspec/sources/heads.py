@@ -84,8 +84,8 @@ def tree(guesses: Sequence[Sequence[Tuple[int, float]]], max_nodes: int, max_len
 class HeadsSource(Source):
     """The heads' tree after the pending token, from the hidden state of the row that chose it
     (the last outcome's; nothing before the first step or after a text the engine changed). E_N
-    h is that row's logits on the map (llama.cpp's, from the quantized matrix: 1-2.5% apart from
-    the product on the 1.5B, SmolLM2 and Gemma 3), checked the first time against the product:
+    h is that row's logits on the map (llama.cpp's, from the quantized matrix: a little apart
+    from the product, well within ``Drafter.is_base``'s bound), checked the first time against the product:
     where a model scales or caps its logits they are not, and the product is computed each step."""
 
     name = NAME
@@ -176,7 +176,7 @@ PLUGIN = Plugin(
         Option("heads_tree", "tree", "The heads' candidate tree: nodes at most.", flag="--heads-tree")),
     check=_check, load=_load, given=lambda config, draft: config.file is not None, beside=_beside,
     # where lookup copies a token the heads guess too, lookup's estimate counts: the heads' own,
-    # higher, made the 1.5B's steps verify copies too far (code_edit 1.64x -> 1.40x on 2 cores)
+    # higher, made the 1.5B's steps verify copies too far (docs/results.md, "Lookup's priors")
     loads="a heads file (--heads; `llamaspec heads train` makes one)", hidden=True, shadowed_by="lookup",
     build=lambda setup, text: HeadsSource(setup.loaded, setup.config.tree),
     priors=PRIORS, overall=0.3)

@@ -13,8 +13,8 @@ agrees on L + i; the support says how the other occurrences that agree at least 
 after those i tokens: CONTESTED when one of them went on differently, else how many went on
 alike (1: this one alone, 2, 3 or more). A continuation every occurrence agrees on is far
 likelier (a JSON record's ``",\n  "`` after each value, a name repeated in a story): over the recorded
-answers a 1-token match is accepted 11% of the time when contested, 29% alone, 46% with two
-occurrences alike and 71% with three or more.
+answers a match is accepted far more often the more occurrences go on alike (docs/results.md,
+"Lookup's priors").
 
 Besides n-gram matches, lookup follows one anchor, the place the text is copying from (see
 PromptLookup); its tokens are ``Anchored`` (fresh, in step, out of step, resumed).
@@ -185,10 +185,8 @@ MAX_SUPPORT = 3
 # Candidates copied from the text being written (the text copying itself): the anchor's tokens
 # where the anchor is there, and an n-gram match's agreeing on at least OWN_MATCH tokens where
 # that occurrence alone goes on so (support 1) are ``own``. Such copies go on less often than
-# those of the prompt or a reference: over the 35 recorded answers of tests/data, a fresh
-# anchor's tokens were accepted 56% of the time there against 87%, in step 66% against 77%,
-# resumed 81% against 96%; an alone match's (of at least 2 tokens) 46% against 70%, where most
-# such matches are in the answer (373 tokens against 278).
+# those of the prompt or a reference, over the recorded answers of tests/data, for the anchor
+# and for an alone match alike (docs/results.md, "Lookup's priors").
 OWN_MATCH = 2
 
 
@@ -442,16 +440,15 @@ class LookupSource(Source):
 
 
 # Priors. They were chosen by replaying the target's real greedy answers to the bench suite
-# through the sources (``python scripts/fit_priors.py``): each key's acceptance over those
+# through the sources (``python benchmarks/fit_priors.py``): each key's acceptance over those
 # answers, rounded down. The anchor's in-step keys of tokens the text has not copied yet (edit
-# class 0) come from the suite's and eight more answers pooled (0.88 and 0.93 there, 0.98 and
-# 0.96 on the suite alone): a text's first departure from a copy (a value copied into a CSV line
-# or a YAML key, then the line's own punctuation) is where a long draft fails, and at 0.95 the
-# planner bet 15 rows on it. Tokens the text departed from twice and never kept (edit class 4)
-# are accepted 17% and 13% over the suite's and fourteen more answers. The end of a sentence a
-# copy has not met yet (edit class 5) is rare in the recorded answers (in every replay of them
-# all: 0 of 15 near the copy's start, 8 of 16 after 16 copied tokens); its priors were chosen by
-# replaying them (a quote's first period, where a summary ends its line, cost a 16-row bet).
+# class 0) come from the suite's and eight more answers pooled: a text's first departure from a
+# copy (a value copied into a CSV line or a YAML key, then the line's own punctuation) is where
+# a long draft fails, and a prior near 1 made the planner bet many rows on it. Tokens the text
+# departed from twice and never kept (edit class 4) come from the suite's and fourteen more
+# answers. The end of a sentence a copy has not met yet (edit class 5) is rare in the recorded
+# answers; its priors were chosen by replaying them (a quote's first period, where a summary
+# ends its line, cost a long bet). The numbers: docs/results.md, "Lookup's priors".
 # The n-gram matches' priors by support come from the suite's and fourteen more answers pooled
 # (``tests/data/more_answers.json``) and were checked on sixteen answers used in no fit
 # (``tests/data/held_out_answers.json``).
@@ -468,8 +465,7 @@ _MATCH = {support: dict(zip(_MATCH_LENGTHS, ps)) for support, ps in {
     2: (0.45, 0.65, 0.7, 0.75, 0.75, 0.8, 0.85, 0.85, 0.9, 0.9),
     3: (0.7, 0.7, 0.85, 0.85, 0.85, 0.9, 0.9, 0.9, 0.9, 0.9)}.items()}
 # Copies of the text being written: OWN_FACTOR of the prior (the ratio of their acceptance to
-# the prompt's over the recorded answers: 0.64 to 0.86 by kind for the anchor, 0.66 for the
-# matches), for the anchor's keys and an alone match's of at least OWN_MATCH tokens.
+# the prompt's over the recorded answers), for the anchor's keys and an alone match's of at least OWN_MATCH tokens.
 OWN_FACTOR = 0.75
 # Any other key: a match of a length bucket without a prior of its own, or an own match whose
 # support changed after its first token.

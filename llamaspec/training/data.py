@@ -47,7 +47,7 @@ class Piece:
 
 TOP = 8  # the target's most likely tokens kept per row, with their probabilities
 SPREAD = 8.0  # nats below a row's best where its TOP tokens are looked for
-GROUP = 32  # answers decoded together: a decode of 32 rows of the 1.5B costs 9.4 single ones on 2 cores
+GROUP = 32  # answers decoded together: a decode of 32 rows costs far less than 32 single ones
 CHUNK = 16  # rows of logits worked on at once: temporaries of a few MB, reused, not a window's 300 MB fresh
 
 
@@ -56,8 +56,8 @@ def best(logits: np.ndarray, k: int = TOP) -> Tuple[np.ndarray, np.ndarray]:
     bests), and their probabilities under the row's softmax. Only tokens within SPREAD nats of
     the row's best are looked at (one further below has under e^-8, 0.03%, of the best's
     probability); where fewer are, the row is filled with its best token at probability 0.
-    (np.argpartition over the 1.5B's vocabulary, and the fresh memory of temporaries as large as
-    512 rows of logits, took 2.8 s a window on 2 cores: as long as decoding it.)"""
+    (np.argpartition over the vocabulary, and the fresh memory of temporaries as large as 512
+    rows of logits, took as long as decoding the window: docs/results.md, "Draft heads".)"""
     n = len(logits)
     ids, p = np.zeros((n, k), np.int64), np.zeros((n, k), np.float32)
     for start in range(0, n, CHUNK):
@@ -156,14 +156,13 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
         rows        a0[t]  a4[t]  a2[t]      each row's argmax is its answer's token after it
 
     Every decode thus has a row in each sequence until the prompts run out (with answers decoded
-    in groups that ended together, the decodes grew thinner as answers ended, and the 1.5B read
-    47 rows/s on 2 AMD EPYC cores: 31 rows cost as much as 32 there, 5 rows a quarter of them).
+    in groups that ended together, the decodes grew thinner as answers ended, and thin decodes
+    cost nearly as much as full ones: docs/results.md, "Draft heads").
     The prompts' shared prefix (the chat template's system message) is read once and kept in
     every sequence; the rest of each prompt is read when it takes its sequence, side by side
     with the others starting then, without outputs. A decode of many rows may leave plain
-    decoding's text at near-ties (on 2 AMD EPYC cores, 27 of the 1.5B's 32 default answers did,
-    at top-2 probabilities such as 0.36 / 0.35): the labels are still the target's own tokens
-    as read.
+    decoding's text at near-ties (most of the default answers did, at top-2 probabilities a
+    hundredth apart): the labels are still the target's own tokens as read.
     """
     n_ctx = ctx.n_ctx // ctx.n_seq_max
     prompts = [list(p)[-(n_ctx - n_new - 1):] for p in prompts]

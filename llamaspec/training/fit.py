@@ -123,8 +123,8 @@ def split(states: States, share: float, seed: int) -> Tuple[np.ndarray, np.ndarr
 
 class Adam:
     """Adam (Kingma and Ba) over float32 arrays, in place: each step works in one scratch array
-    per shape instead of fresh temporaries as large as W_k (19 MB for the 1.5B; allocating them
-    took half of the 47 ms an update of three heads took on 2 cores)."""
+    per shape instead of fresh temporaries as large as W_k (allocating them took half of an
+    update's time)."""
 
     def __init__(self, shapes: List[Tuple[int, ...]]) -> None:
         self.t = 0

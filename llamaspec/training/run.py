@@ -22,19 +22,11 @@ from .fit import Report, TrainConfig, train
 class Defaults:
     """What a training reads and spends by default for a target of its size: ``tokens``, rows of
     the default text (answers to the default prompts first); ``minutes``, the most it takes from
-    the target's loading to the file written, whatever the machine (30 and 5 minutes on 2 cores,
+    the target's loading to the file written, whatever the machine (the budgets of a 2-core CPU,
     less a margin), of which the reading takes at most ``READ_SHARE`` and the training the rest.
-    A slower machine reads fewer rows and trains fewer steps. On 2 AMD EPYC cores the rows ran
-    out first: the 1.5B read its 114,688 (up to 54,000 of them answers, at about 80 rows/s; code
-    and documentation at 143) in 17 min 48 s and trained its 6 epochs in 9 min 11 s (27 min 5 s
-    in all; Medusa's full blocks, where the blocks through r = 512 train in about two thirds of
-    the time); SmolLM2-135M, reading its states only 2.6x faster, its 49,152 in about 3.5 of its
-    3.8 minutes (4 min 35 s in all; with one thread 28,798 rows in 4 min 22 s). On 2 cores of an
-    AVX2-only AMD EPYC that reads about 4 times slower the time runs out first: the 1.5B read
-    24,765 rows in 26.4 minutes, whose 6 epochs through r = 512 took 201 s (0.008 s a row), so
-    the reading may take 80% of the time (at the 66% it had, 7 of the 29 minutes went unused); on
-    2 cores of an AVX-512 AMD EPYC the 1.5B read 69,550 rows in its 23.2 minutes (answers at 45
-    rows/s, code and documentation at 74) and trained 1,406 of its 1,446 steps in the rest."""
+    A slower machine reads fewer rows and trains fewer steps: on a fast one the rows run out
+    first, on a slow one the time (the training is short beside the reading, so the reading may
+    take most of it). The runs these were chosen from: docs/results.md, "Draft heads"."""
 
     tokens: int
     minutes: float
@@ -50,8 +42,8 @@ def defaults(n_params: int) -> Defaults:
     return SMALL_TARGET if n_params < SMALL else LARGE
 
 
-# the target's answer to each default prompt, at most: 421 answers of 128 tokens guessed better
-# than 203 of 256 (head 1 on answers outside the mix: prose 0.324 -> 0.338, code 0.414 -> 0.465)
+# the target's answer to each default prompt, at most: more, shorter answers guessed better than
+# fewer, longer ones (docs/results.md, "Draft heads")
 ANSWER_TOKENS = 128
 PROMPT_ROOM = 352  # cells of each answer's sequence for its prompt
 
