@@ -1,7 +1,7 @@
 """Choose the acceptance model's priors by replaying the target's real answers, and show what
 the planner would reach on them against the copy-oracle bound.
 
-    python scripts/fit_priors.py [-m MODEL] [-n 256] [--answers FILE ...]
+    python benchmarks/fit_priors.py [-m MODEL] [-n 256] [--answers FILE ...]
         [--curve measured|reference|steep|flatter|flat] [--jitter K]
 
 1. The target's greedy answers to the bench suite's prompts (plain decoding, -n tokens) are
@@ -36,16 +36,14 @@ from typing import Dict, List
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-import llamaspec  # noqa: E402
-from llamaspec.llama import models  # noqa: E402
-from llamaspec.planning.acceptance_model import AcceptanceModel  # noqa: E402
-from llamaspec.measure.suite import greedy_answers  # noqa: E402
-from llamaspec.planning.costs import CPU_CURVES, CostCurve, cached_curve  # noqa: E402
-from llamaspec.config import default_threads  # noqa: E402
-from llamaspec.llama.binding import Model  # noqa: E402
-from llamaspec.measure.replay import copy_oracle, replay, speculator  # noqa: E402
+import llamaspec
+from llamaspec.llama import models
+from llamaspec.planning.acceptance_model import AcceptanceModel
+from llamaspec.measure.suite import greedy_answers
+from llamaspec.planning.costs import CPU_CURVES, CostCurve, cached_curve
+from llamaspec.config import default_threads
+from llamaspec.llama.binding import Model
+from llamaspec.measure.replay import copy_oracle, replay, speculator
 
 # How far --jitter moves each cost of a copy of the curve (a standard deviation, relative).
 JITTER = 0.06

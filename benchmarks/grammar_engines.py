@@ -2,7 +2,7 @@
 (what llamaspec uses) against llama.cpp's own grammar sampler (through llama-cpp-python's
 low-level API, as llama-completion applies it to every token of the vocabulary).
 
-    python scripts/grammar_engines.py [MODEL]
+    python benchmarks/grammar_engines.py [MODEL]
 
 MODEL: a GGUF path or a models.txt name (default: qwen2.5-coder-1.5b-instruct, 151,936 tokens).
 Both follow the same JSON text token by token under the same schema (llama.cpp's GBNF, written
@@ -18,17 +18,14 @@ import ctypes
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-from llamaspec.config import default_threads  # noqa: E402
-from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary  # noqa: E402
-from llamaspec.llama import models  # noqa: E402
-from llamaspec.llama.binding import Context, Model  # noqa: E402
+from llamaspec.config import default_threads
+from llamaspec.constraints import Constraint, Grammar, GrammarVocabulary
+from llamaspec.llama import models
+from llamaspec.llama.binding import Context, Model
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"},

@@ -2,7 +2,7 @@
 what the heads would gain where a batch of n rows costs what the curve says, such as the H200's
 recorded in tests/data, with no GPU at hand.
 
-    python scripts/heads_replay.py -m smollm2-135m-instruct --curve tests/data/gpu_curve.json -n 256
+    python benchmarks/heads_replay.py -m smollm2-135m-instruct --curve tests/data/gpu_curve.json -n 256
 
 For each prompt of the bench suite named, the target's greedy answer is decoded here with its
 hidden states (plain decoding) and its logits (the prompt and the answer read again in one
@@ -31,7 +31,7 @@ from llamaspec.llama.chat import ChatTemplate
 from llamaspec.measure.replay import replay, speculator
 from llamaspec.measure.suite import load_suite
 from llamaspec.planning.costs import CostCurve
-from llamaspec.sources.heads import Heads, cached_path
+from llamaspec.draft_heads import Heads, cached_path
 from llamaspec.training.data import answers
 
 SETS = (("lookup", "lookahead"), ("heads",), ("lookup", "lookahead", "heads"))

@@ -3,7 +3,7 @@ K heads as ``Drafter`` computes them (the block's K steps, each reading the best
 it), through r inner units, with E_N h computed, and with E_N h taken from the target's logits
 as a run takes it (the source's own step).
 
-    python scripts/heads_time.py --d 1536 --n 3260 --ranks 512,256
+    python benchmarks/heads_time.py --d 1536 --n 3260 --ranks 512,256
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from llamaspec.sources.heads import Heads, one_thread
+from llamaspec.draft_heads import Heads, one_thread
 
 
 def best_ms(step: Callable[[], None], steps: int = 200, repeats: int = 5) -> float:

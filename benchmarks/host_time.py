@@ -2,8 +2,8 @@
 engine, scheduler, sources and planner run over the target's context with its decode replaced
 by a null one, which computes nothing, answers as the recorded target did and takes a GPU's time.
 
-    python scripts/host_time.py --spec none,auto --answers open_chat,long_answer,code_edit
-    python scripts/host_time.py --spec none --pad 6000 --overlap on    # behind a 6,000-token prompt
+    python benchmarks/host_time.py --spec none,auto --answers open_chat,long_answer,code_edit
+    python benchmarks/host_time.py --spec none --pad 6000 --overlap on    # behind a 6,000-token prompt
 
 On a GPU the host's time between two decodes counts as much as they do (a decode of the 1.5B
 takes 1.36 ms on the H200 curve in tests/data), and it is what this measures: a decode on the

@@ -1,7 +1,7 @@
 """Choose lookahead's W, N, G by measurement: plain decoding and each configuration on the same
 prompts, greedy, interleaved in one process, speed-up over plain measured in the same run.
 
-    python scripts/lookahead_sweep.py --configs 4,4,4 2,5,2 15,5,15,fixed -n 128 --repeat 2
+    python benchmarks/lookahead_sweep.py --configs 4,4,4 2,5,2 15,5,15,fixed -n 128 --repeat 2
 
 A configuration is W,N,G with an optional ",fixed" (every step decodes the whole window and
 all G candidates, as llama.cpp's llama-lookahead does; by default the planner sizes each step).
@@ -15,9 +15,10 @@ from pathlib import Path
 
 from typing import Tuple
 
+import llamaspec
 from llamaspec import LlamaSpec, LookaheadConfig, ModelConfig, SpecConfig
 
-DATA = Path(__file__).resolve().parent.parent / "llamaspec" / "data"
+DATA = Path(llamaspec.__file__).resolve().parent / "data"
 
 
 def parse(text: str) -> Tuple[LookaheadConfig, SpecConfig]:

@@ -1,7 +1,7 @@
 """Plain decoding against auto with the target's layers here, on two rpc-servers on 127.0.0.1,
 and on the same servers behind an added round-trip latency, in one run (one process tree):
 
-    python scripts/rpc_bench.py [--latency-ms 2] [--prompts code_edit,open_chat] [-n 128] [--repeat 2]
+    python benchmarks/rpc_bench.py [--latency-ms 2] [--prompts code_edit,open_chat] [-n 128] [--repeat 2]
 
 Each placement is one `llamaspec bench --strategies plain,auto` (default pair: Qwen2.5-Coder-1.5B,
 its 0.5B draft here) and one `llamaspec profile` (the curve the planner prices steps with). The

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-from llamaspec.errors import LlamaspecError  # noqa: E402
-from llamaspec.llama.models import fetch  # noqa: E402
+from llamaspec.errors import LlamaspecError
+from llamaspec.llama.models import fetch
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-from llamaspec.cli import curve_summary  # noqa: E402
-from llamaspec.measure.report import format_columns  # noqa: E402
-from llamaspec.planning.costs import CostCurve  # noqa: E402
+from llamaspec.cli.tools import curve_summary
+from llamaspec.measure.report import format_columns
+from llamaspec.planning.costs import CostCurve
 
 SIZES = (1, 2, 4, 8, 16, 32)
 SINGLE = ("lookup", "draft")  # the single sources the bench runs beside auto

@@ -11,14 +11,11 @@ DIR/<model>.<TYPE>.gguf. Already-quantized tensors are re-quantized (llama-quant
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-from llamaspec.llama import models  # noqa: E402
-from llamaspec.llama.binding import QUANT_TYPES, quantize  # noqa: E402
-from llamaspec.config import default_threads  # noqa: E402
+from llamaspec.llama import models
+from llamaspec.llama.binding import QUANT_TYPES, quantize
+from llamaspec.config import default_threads
 
 
 def main() -> None:

@@ -200,7 +200,7 @@ def smol_auto(module_spec) -> LlamaSpec:
 # A greedy token may leave plain decoding's only where plain's two best logits are closer than
 # this: a row of a verify batch is not bit for bit the row decoded alone, and moves that gap by up
 # to 1.54 logits for SmolLM2 (Q4_1), 0.34 for Qwen2.5-Coder-0.5B and 0.37 for the 1.5B (Q4_K_M)
-# on an AVX2 EPYC (scripts/batch_row_drift.py: 360-1440 rows each, among other sequences' rows).
+# on an AVX2 EPYC (360-1440 rows each, among other sequences' rows: docs/results.md, "Near ties").
 NEAR_TIES = {SMOL: 2.0}
 NEAR_TIE = 0.5  # every other model
 

@@ -54,12 +54,12 @@ def test_an_engine_that_overlaps_decodes_the_same_text_with_the_caches_in_step(s
 
 
 def test_the_host_time_script_decodes_a_recorded_answer_over_a_null_decode():
-    """scripts/host_time.py (the host's time a step, as beside a GPU) runs the 0.5B's engine over
+    """benchmarks/host_time.py (the host's time a step, as beside a GPU) runs the 0.5B's engine over
     a decode that answers as the recorded target did: the text is the answer, with and without
     the next decode queued, and the host's time is a positive fraction of a step."""
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "host_time.py"), "--answers", "open_chat",
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_time.py"), "--answers", "open_chat",
                            "--spec", "none,lookup", "--repeats", "1"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()[1:]]

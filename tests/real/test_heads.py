@@ -258,9 +258,9 @@ def test_the_reading_stops_at_its_deadline_and_keeps_what_it_read(model_file, mo
 
 
 def test_the_heads_replay_script_replays_an_answer_on_the_recorded_gpu_curve(model_file, smol_heads):
-    """scripts/heads_replay.py as docs/usage.md runs it: the target's answer decoded, then replayed
+    """benchmarks/heads_replay.py as docs/usage.md runs it: the target's answer decoded, then replayed
     through each set of sources, one line each with its speed-up before and after the host's time."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "heads_replay.py"), "-m", str(model_file(SMOL)),
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "heads_replay.py"), "-m", str(model_file(SMOL)),
                            "--heads", str(smol_heads), "--curve", str(ROOT / "tests" / "data" / "gpu_curve.json"),
                            "-n", "24", "--prompts", "open_chat", "-t", str(THREADS)],
                           capture_output=True, text=True, timeout=600)

@@ -581,7 +581,7 @@ def test_the_heads_time_script_times_each_block():
     import subprocess
     import sys
     from pathlib import Path
-    script = Path(__file__).resolve().parents[2] / "scripts" / "heads_time.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "heads_time.py"
     done = subprocess.run([sys.executable, str(script), "--d", "16", "--n", "32", "--ranks", "4,2", "--vocab", "100"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
