@@ -29,7 +29,7 @@ DEEP_SIZES = (1, 2, 4, 8, 16, 32)
 # single-token decodes slower), and a single token, the unit of every cost, is timed ONES
 # times as often as the other sizes: with one BOS token repeated and one try per repeat, the
 # curve overstated one token's cost against generation's, and so understated every batch's
-# relative to it (docs/results.md, "How the benchmarks measure").
+# relative to it (docs/results.md, "Tuning the planner by replaying recorded answers").
 ONES = 4
 # On a GPU, decodes of a size are timed after WARM untimed ones of that size (so that they are
 # replayed as captured graphs, as in a run that keeps its shape); a change of shape is timed as
