@@ -122,3 +122,66 @@ def test_closing_the_batcher_ends_its_requests(make_spec):
     with pytest.raises(Exception, match="closed"):
         batcher.sample_stream(PROMPTS[0])
     spec.close()  # closes its batchers again: nothing left to do
+
+
+def test_requests_arriving_at_different_times_answer_as_alone(smol_batched, reference):
+    """Prompts of different lengths join while others decode, each at its own time: every lane's
+    text is what it gives alone (or leaves it at a near-tie)."""
+    spec, batcher = smol_batched
+    long_prompt = spec.tokenize(PROMPTS[2] + " Then explain each correction." * 40)
+    prompts = [spec.tokenize(PROMPTS[0]), long_prompt, spec.tokenize(PROMPTS[1]), spec.tokenize(PROMPTS[2])]
+    alone = [spec.generate(p, max_tokens=30, temperature=0).tokens for p in prompts]
+    results = [None] * len(prompts)
+
+    def ask(i):
+        time.sleep(0.15 * i)  # each joins a batch already decoding
+        results[i] = read(batcher.sample_stream(prompts[i], max_tokens=30, temperature=0))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for i, (p, r, expected) in enumerate(zip(prompts, results, alone)):
+        assert r is not None and r[0].stop_reason in ("length", "stop"), i
+        assert_as_alone(reference(SMOL), p, r[0].tokens, expected, f"request {i}")
+
+
+def test_a_long_prompt_joining_does_not_stall_the_lanes_decoding(smol_batched):
+    """While a long prompt is read a chunk a step, a lane already decoding gets a token every
+    step: most of its chunks arrive before the long prompt's first token, not after."""
+    spec, batcher = smol_batched
+    long_prompt = spec.tokenize("word " * 1500)
+    seen = []  # (which request, when its chunk was read)
+    decoding = batcher.sample_stream(PROMPTS[0], max_tokens=200, temperature=0)
+    next(decoding)  # its prompt read: decoding from now on
+
+    def follow(name, stream):
+        for chunk in stream:
+            if chunk[1].tokens:
+                seen.append((name, time.monotonic()))
+
+    readers = [threading.Thread(target=follow, args=("decoding", decoding))]
+    readers[0].start()
+    reading = batcher.sample_stream(long_prompt, max_tokens=2, temperature=0)
+    readers.append(threading.Thread(target=follow, args=("reading", reading)))
+    readers[1].start()
+    for t in readers:
+        t.join(300)
+    first_token = min(t for name, t in seen if name == "reading")
+    before = sum(1 for name, t in seen if name == "decoding" and t < first_token)
+    steps = len(long_prompt) // 64  # its chunks: the other lane decodes beside each one
+    assert before >= steps // 2, f"{before} tokens of the decoding lane while {len(long_prompt)} prompt tokens were read"
+
+
+def test_each_lane_keeps_its_conversation_prefix(smol_batched):
+    """Two conversations take turns on the lanes: each next turn goes to the lane holding its
+    history and reads only its new tokens, whatever the other conversation read meanwhile."""
+    spec, batcher = smol_batched
+    histories = [spec.tokenize(PROMPTS[0]), spec.tokenize(PROMPTS[1])]
+    for turn in range(3):
+        for k in range(2):
+            result = read(batcher.sample_stream(histories[k], max_tokens=6, temperature=0))[0]
+            if turn:
+                assert result.stats.n_prompt_eval <= 1 + 3, (turn, k, result.stats.summary())
+            histories[k] = histories[k] + result.tokens + spec.tokenize(" Go on.", add_special=False)
