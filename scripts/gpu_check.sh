@@ -8,7 +8,7 @@
 #   dependencies into $WORK/site, which this script puts first on PYTHONPATH.
 # check: the model's cost curve, 1..32 rows, on the GPU (`llamaspec profile`), and what a change
 #   of row count costs (scripts/gpu_graphs.py); `llamaspec bench`'s
-#   five prompts, plain / lookup / draft / auto, on the GPU; tests/test_offload_real.py with every
+#   five prompts, plain / lookup / draft / auto, on the GPU; tests/real/test_offload.py with every
 #   layer offloaded (greedy text the GPU's own and the CPU's but at near-ties, the KV caches exact
 #   after every step); the curve on the CPU; then one summary table (scripts/gpu_summary.py).
 #
@@ -105,7 +105,7 @@ if [[ " $stages " == *" check "* ]]; then
     stage graphs "$python" scripts/gpu_graphs.py "$model" -ngl -1 --json "$out/graphs.json"
     stage bench "$python" -m llamaspec bench -m "$model" -md "$draft" -ngl -1 -ngld -1 \
         --strategies plain,lookup,draft,auto -n "${N:-256}" --repeat "${REPEAT:-3}" --json "$out/bench.json"
-    stage tests env LLAMASPEC_TEST_NGL=-1 LLAMASPEC_TEST_THREADS="$(nproc)" "$python" -m pytest -q -p no:cacheprovider tests/test_offload_real.py
+    stage tests env LLAMASPEC_TEST_NGL=-1 LLAMASPEC_TEST_THREADS="$(nproc)" "$python" -m pytest -q -p no:cacheprovider tests/real/test_offload.py
     stage profile_cpu "$python" -m llamaspec profile -m "$model" -ngl 0 --repeats 2
     cp "$LLAMASPEC_CACHE/costs.json" "$out/costs.json" 2> /dev/null
     stage summary "$python" scripts/gpu_summary.py "$out"
