@@ -20,7 +20,7 @@ from ..config import SamplingConfig
 from ..constraints import Constraint
 from ..planning.trie import Trie
 from ..sampling import Distribution, Mirostat, recent, sample_at, shape, transform
-from .acceptance import walk_greedy, walk_sampled
+from .verification import walk_greedy, walk_sampled
 
 # llama-cpp-python's logits processor: (the text's tokens, a row's logits) -> the row's new logits.
 Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]

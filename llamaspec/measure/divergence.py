@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.acceptance import align
+from ..engine.verification import align
 from ..config import SamplingConfig
 from ..planning.costs import CostModel
 from ..sampling import transform

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, DefaultDict, List, Mapping, Opt
 
 import numpy as np
 
-from ..engine.acceptance import walk_greedy
+from ..engine.verification import walk_greedy
 from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Candidate, Outcome
 from ..config import SamplingConfig

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from llamaspec.config import SamplingConfig
-from llamaspec.engine.acceptance import walk_sampled
+from llamaspec.engine.verification import walk_sampled
 from llamaspec.planning.acceptance_model import AcceptanceModel
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.planning.planner import Limits, Planner

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from llamaspec.engine.acceptance import accept_probability, align, residual, walk_greedy, walk_sampled
+from llamaspec.engine.verification import accept_probability, align, residual, walk_greedy, walk_sampled
 from llamaspec.sources.base import Candidate
 from llamaspec.sampling import Distribution, sample
 from llamaspec.planning.trie import Trie
