@@ -19,7 +19,7 @@ import os
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 from .config import ModelConfig, SpecConfig
 from .constraints import GrammarVocabulary
@@ -154,6 +154,16 @@ class Assembly:
             return self.registry.build(self.names, setups, replace(text, references=self.references))
         return sources
 
+    def chosen(self, asked: FrozenSet[str]) -> FrozenSet[str]:
+        """The sources a request that asks for ``asked`` runs: those (and the sources that join
+        them, as ``--spec`` joins them) of the ones loaded here; ConfigError for another."""
+        unknown = sorted(asked - self.names)
+        if unknown:
+            running = ", ".join(n for n in self.registry.names if n in self.names) or "none"
+            raise ConfigError(f"{unknown[0]!r} is not a draft source this model runs; choose auto, none or of "
+                              f"{running}", "spec")
+        return frozenset(asked | {p.name for p in self.registry.plugins if p.joins in asked and p.name in self.names})
+
     def scheduler(self) -> Scheduler:
         """Empty caches and an engine of MAX_SAMPLES lanes on them, one request at a time: fresh
         sources, acceptance model and planner (the cost model lives on)."""
@@ -164,7 +174,8 @@ class Assembly:
                 loaded.restart()
         engine = Engine(self.ctx, MAX_SAMPLES, self.leaves, overlap=queues_decodes(self.model))
         return Scheduler(engine, self.model, self.sources_for(self.setups), self.planner(self.costs), self.ctx.n_ctx,
-                         self.ctx.n_ctx, self.acceptance_model(), exclusive=True, grammars=self.grammars)
+                         self.ctx.n_ctx, self.acceptance_model(), exclusive=True, grammars=self.grammars,
+                         choose=self.chosen)
 
     def batcher(self, parallel: int, tokens_of: Callable[[Any], List[int]]) -> Batcher:
         """Requests from any thread decoded together, up to ``parallel`` sequences at once, each
@@ -196,7 +207,7 @@ class Assembly:
         planner = self.planner(self.costs.fresh())  # learns this batch's timings, not ours
         scheduler = Scheduler(Engine(ctx, parallel, overlap=queues_decodes(self.model)), self.model,
                               self.sources_for(setups), planner, n_ctx * parallel, n_ctx, self.acceptance_model(),
-                              grammars=self.grammars)
+                              grammars=self.grammars, choose=self.chosen)
         return Batcher(scheduler, closing, tokens_of, self.spec_name)
 
     def close(self) -> None:

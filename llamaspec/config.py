@@ -194,7 +194,8 @@ class GenerationConfig:
     ``echo``: the prompt's tokens' as well (each after the first, as the model reads them).
     ``logits_processor`` and ``stopping_criteria``: llama-cpp-python's callables, each a function
     of (the text's tokens, a row of logits), asked once per generated token as plain decoding
-    asks them (engine/target.py, engine.halted)."""
+    asks them (engine/target.py, engine.halted). ``sources``: the draft sources this text may
+    use, by name, of those its LlamaSpec runs (None: all of them; empty: plain decoding)."""
 
     max_tokens: int = 256
     stop: Tuple[str, ...] = ()
@@ -204,6 +205,7 @@ class GenerationConfig:
     echo: bool = False
     logits_processor: Optional[Callable[[Any, Any], Any]] = None
     stopping_criteria: Optional[Callable[[Any, Any], bool]] = None
+    sources: Optional[FrozenSet[str]] = None
 
     def __post_init__(self) -> None:
         check(self.max_tokens >= -1, f"the number of tokens to generate must be >= -1 (-1: until a stop or a full "

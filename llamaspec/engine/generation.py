@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 
 import numpy as np
 
-from ..config import GenerationConfig, SamplingConfig
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, shown
 from ..constraints import Grammar
 from ..sampling import TokenLogprob
@@ -24,6 +24,9 @@ from .stats import Stats
 from .text import TextStream
 
 STOP_REASONS = ("stop", "length", "context", "interrupted")
+# A token's provenance when no candidate supplied it: the target chose it in its step (the
+# correction after a rejected candidate, the bonus token after an accepted one, a plain step's).
+PLAIN = "plain"
 
 
 @dataclass
@@ -33,7 +36,8 @@ class Result:
     closed before it ended); ``stop_string``: the stop string that ended it, if one did. ``dropped_turns``: the oldest chat turns left out so that the
     conversation fits the context. ``warnings``: what went wrong after the text was complete
     (saving a dynamic n-gram cache). ``logprobs``: each token's, when they were asked for;
-    ``prompt_logprobs``: each prompt token's after the first, when asked for (echo)."""
+    ``prompt_logprobs``: each prompt token's after the first, when asked for (echo).
+    ``sources``: each token's provenance, beside ``tokens`` (see ``provenance``)."""
 
     text: str
     tokens: List[int]
@@ -44,13 +48,17 @@ class Result:
     logprobs: Optional[List[TokenLogprob]] = None
     prompt_logprobs: Optional[List[TokenLogprob]] = None
     stop_string: Optional[str] = None
+    sources: List[str] = field(default_factory=list)
 
 
 @dataclass
 class Chunk:
     """Text accepted in one step; ``from_draft`` of ``tokens`` were drafted and accepted;
     ``logprobs``: the tokens', when asked for; ``prompt_logprobs``: the first chunk's, the
-    prompt's (echo). The last chunk of a stream carries the ``result``."""
+    prompt's (echo); ``sources``: each token's provenance, beside ``tokens`` (see
+    ``provenance``); ``pieces``: the text each token's arrival released, beside them (``text``
+    joined: a token's bytes held back, part of a character or of a stop string, come with a later
+    one's). The last chunk of a stream carries the ``result``."""
 
     text: str
     tokens: List[int] = field(default_factory=list)
@@ -58,6 +66,17 @@ class Chunk:
     result: Optional[Result] = None
     logprobs: List[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
+    sources: List[str] = field(default_factory=list)
+    pieces: List[str] = field(default_factory=list)
+
+
+def provenance(step: Step, j: int) -> str:
+    """Where token ``j`` of ``step`` came from: the source whose candidate held it, verified and
+    accepted, else PLAIN (the target's own token ends every step). A token two sources proposed
+    is credited to the one whose candidate the step gathered first: the cheap sources in the
+    order the speculator asks them, then the draft models (``Trie.sources``' order), so that a
+    replayed step names the same source. The statistics count it for both (DraftCounts)."""
+    return step.path_sources[j][0] if j < len(step.path_sources) and step.path_sources[j] else PLAIN
 
 
 class Vocabulary(Protocol):
@@ -81,6 +100,7 @@ class Collector:
         self.vocab, self.stats = vocab, stats
         self.text = TextStream(config.stop)
         self.tokens: List[int] = []
+        self.sources: List[str] = []
         self.logprobs: Optional[List[TokenLogprob]] = [] if config.logprobs is not None else None
         self.prompt_logprobs: Optional[List[TokenLogprob]] = [] if config.echo else None
         self.stop_reason = "interrupted"
@@ -93,7 +113,7 @@ class Collector:
 
     def take(self, step: Step) -> "tuple[Chunk, int]":
         """The chunk of one step and how many of its tokens count (fewer when it stopped)."""
-        piece, kept, taken = "", 0, []
+        kept, taken, sources, pieces = 0, [], [], []
         for j, token in enumerate(step.tokens):
             if j == step.halt:  # the caller's stopping criterion: this token is not the text's
                 self.stop_reason = "stop"
@@ -104,18 +124,20 @@ class Collector:
                 break
             self.tokens.append(token)
             taken.append(token)
-            piece += self.text.push(self.vocab.piece(token))
+            sources.append(provenance(step, j))
+            pieces.append(self.text.push(self.vocab.piece(token)))
             if self.text.stopped:
                 self.stop_reason = "stop"
                 break
+        self.sources += sources
         self.stats.record_step(step, kept)
         logprobs = list(step.logprobs[:len(taken)])
         if self.logprobs is not None:
             self.logprobs += logprobs
         if self.prompt_logprobs is not None:
             self.prompt_logprobs += step.echoed
-        return Chunk(piece, taken, min(step.n_accepted, len(taken)), logprobs=logprobs,
-                     prompt_logprobs=list(step.echoed)), kept
+        return Chunk("".join(pieces), taken, min(step.n_accepted, len(taken)), logprobs=logprobs,
+                     prompt_logprobs=list(step.echoed), sources=sources, pieces=pieces), kept
 
     def result(self, dropped_turns: int = 0) -> Result:
         """The generation as it stands: its decode time ends now."""
@@ -123,7 +145,7 @@ class Collector:
         self.stats.stop_reason = self.stop_reason
         self._result = Result(self.text.released, self.tokens, self.stop_reason, self.stats, dropped_turns,
                               logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
-                              stop_string=self.text.stop_string)
+                              stop_string=self.text.stop_string, sources=self.sources)
         return self._result
 
     def tail(self) -> Chunk:
@@ -159,7 +181,7 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
                 logit_bias: Any = None, logprobs: Optional[int] = None, echo: bool = False,
                 mirostat: int = _SAMPLING.mirostat, mirostat_tau: float = _SAMPLING.mirostat_tau,
                 mirostat_eta: float = _SAMPLING.mirostat_eta, logits_processor: Any = None,
-                stopping_criteria: Any = None) -> GenerationConfig:
+                stopping_criteria: Any = None, sources: Optional[str] = None) -> GenerationConfig:
     """The options of generate, stream, chat and chat_stream as a GenerationConfig (validated).
     ``seed`` None or -1: a random seed (reported in the result's statistics). The text follows
     ``grammar`` (a Grammar, GBNF text or a llama_cpp.LlamaGrammar) or ``json_schema`` (a dict or
@@ -172,7 +194,8 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
     ``mirostat_tau`` and ``mirostat_eta``: llama.cpp's mirostat sampler after the temperature (see
     SamplingConfig). ``logits_processor`` and ``stopping_criteria``: llama-cpp-python's, a
     function of (the text's tokens, a row of logits) or a list of them (applied in turn; any
-    criterion stops the text)."""
+    criterion stops the text). ``sources``: the draft sources this text may use, as ``--spec``
+    names them (auto, none or a comma-separated list of those the LlamaSpec runs); None: auto."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     max_tokens = -1 if max_tokens is None else max_tokens
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
@@ -186,7 +209,20 @@ def make_config(max_tokens: Optional[int] = GenerationConfig.max_tokens, stop: U
         Grammar.json_schema(json_schema, "json_schema") if json_schema is not None else None)
     return GenerationConfig(max_tokens=max_tokens, stop=stops, sampling=sampling, grammar=rules, logprobs=logprobs,
                             echo=echo, logits_processor=_callbacks(logits_processor, "logits_processor", _chained),
-                            stopping_criteria=_callbacks(stopping_criteria, "stopping_criteria", _any))
+                            stopping_criteria=_callbacks(stopping_criteria, "stopping_criteria", _any),
+                            sources=_sources(sources))
+
+
+def _sources(spec: Optional[str]) -> Optional[FrozenSet[str]]:
+    """The sources a request's ``spec`` names (None: auto); ConfigError for one that is not text."""
+    if spec is None:
+        return None
+    if not isinstance(spec, str):
+        raise ConfigError(f"is auto, none or a comma-separated list of draft sources, got {shown(spec)}", "spec")
+    try:
+        return SpecConfig.parse(spec).sources
+    except ConfigError as e:
+        raise ConfigError(str(e), "spec") from None
 
 
 def _callbacks(value: Any, name: str, join: Callable[[Sequence[Callable]], Callable]) -> Optional[Callable]:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Deque, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -199,12 +199,15 @@ class Scheduler:
     """Runs requests on an Engine. ``limit``: the positions one lane may use; ``cells``: the KV
     cells of the whole context (a request of n samples may use n lanes' share, or every cell when
     ``exclusive``); ``model``: the acceptance model every lane's speculator shares;
-    ``grammars``: the model's vocabulary for the grammars requests carry."""
+    ``grammars``: the model's vocabulary for the grammars requests carry; ``choose``: the sources
+    a request that names some runs (ConfigError for one that does not run here)."""
 
     def __init__(self, engine: Engine, vocab: Vocabulary, sources: SourceFactory, planner: Planner,
                  cells: int, limit: int, model: Optional[AcceptanceModel] = None, exclusive: bool = False,
-                 grammars: Optional[GrammarVocabulary] = None) -> None:
+                 grammars: Optional[GrammarVocabulary] = None,
+                 choose: Callable[[FrozenSet[str]], FrozenSet[str]] = lambda names: names) -> None:
         self.engine, self.vocab, self.sources, self.planner = engine, vocab, sources, planner
+        self.choose = choose
         self.grammars = grammars
         self.model = model if model is not None else AcceptanceModel()  # shared: every sample teaches every other
         self.cells, self.limit, self.exclusive = cells, limit, exclusive
@@ -230,6 +233,8 @@ class Scheduler:
                               f"{self.vocab.n_vocab} tokens")
         if request.config.grammar is not None:
             constraint_of(self.grammars, request.config.grammar)
+        if request.config.sources is not None:
+            self.choose(request.config.sources)
 
     def submit(self, request: Request) -> None:
         self.check(request)
@@ -336,14 +341,16 @@ class Scheduler:
             self.model.forget()
         if self._continues(request) and self._kept is not None and self._kept[0] == lanes[0]:
             return [self._kept[1]]
-        return [Speculator(self.sources(TextContext(lane, group=group, sample=i, constraint=constraints[i])),
-                           self.model, self.planner, self.vocab.eog_tokens)
+        asked = request.config.sources
+        chosen = self.choose(asked) if asked is not None else None
+        return [Speculator([s for s in self.sources(TextContext(lane, group=group, sample=i, constraint=constraints[i]))
+                            if chosen is None or s.name in chosen], self.model, self.planner, self.vocab.eog_tokens)
                 for i, lane in enumerate(lanes)]
 
     def _continues(self, request: Request) -> bool:
         """Whether ``request``'s speculator may go on with the next such request's text (a chat's
         next turn): one text decoded alone, with no grammar (its sources follow its own)."""
-        return self.exclusive and request.n == 1 and request.config.grammar is None
+        return self.exclusive and request.n == 1 and request.config.grammar is None and request.config.sources is None
 
     def _busy(self, speculator: Speculator) -> float:
         """Seconds the target's and ``speculator``'s contexts have spent in llama_decode."""
