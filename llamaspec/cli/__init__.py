@@ -4,26 +4,46 @@
                     from their plugins), and what turns them into the library's arguments
     generation.py   generate, chat, serve
     tools.py        models, lookup (n-gram cache files), bench, profile, agreement, compare
+    sources.py      sources (the draft sources installed, where from, their options)
     agent.py        agent-bench (a recorded agent conversation replayed against a server)
     repl.py         the terminal chat of ``llamaspec chat``
 
-Every user error is one line on stderr and a non-zero exit code.
+Every user error is one line on stderr and a non-zero exit code. A command's module is imported
+when the command runs (or help lists it): the options of generate and the like are made from
+the installed draft sources, and ``llamaspec --version`` loads none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
-from typing import Any
+from typing import Any, List, Optional
 
 import click
 
 from ..errors import LlamaspecError, LlamaspecWarning
-from . import agent, generation, tools
+
+# each command: its module and the name of the command in it, imported when it is asked for
+COMMANDS = {"generate": ("generation", "generate"), "chat": ("generation", "chat"), "serve": ("generation", "serve"),
+            "models": ("tools", "models_group"), "lookup": ("tools", "lookup_group"), "heads": ("tools", "heads_group"),
+            "bench": ("tools", "bench_command"), "profile": ("tools", "profile_command"),
+            "agreement": ("tools", "agreement_command"), "compare": ("tools", "compare_command"),
+            "sources": ("sources", "sources_command"), "agent-bench": ("agent", "agent_bench")}
 
 
 class _OneLineErrors(click.Group):
-    """Prints every error, usage errors included, as one line: ``error: ...``."""
+    """Prints every error, usage errors included, as one line: ``error: ...``; imports a
+    command's module when the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
@@ -63,13 +83,6 @@ def cli() -> None:
 
     Models are GGUF paths or names from models.txt (see `llamaspec models list`).
     """
-
-
-for command in (generation.generate, generation.chat, generation.serve, tools.models_group, tools.lookup_group,
-                tools.heads_group,
-                tools.bench_command, tools.profile_command, tools.agreement_command, tools.compare_command):
-    cli.add_command(command)
-cli.add_command(agent.agent_bench)
 
 
 def main() -> None:

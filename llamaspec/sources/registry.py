@@ -27,9 +27,12 @@ and what the generation carries (``TextContext``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
+import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -38,7 +41,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Lis
                     Sequence, Tuple)
 
 from ..config import ModelConfig, SpecConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, LlamaspecWarning
 from .base import Evidence, Source
 
 if TYPE_CHECKING:
@@ -186,6 +189,7 @@ class Plugin:
     hidden: bool = False
     alone_flag: bool = False
     fixed_flag: bool = False
+    origin: str = ""  # where it was found, set by the registry: "" for llamaspec's own (see ``origin_of``)
 
     def configured(self, values: Mapping[str, Any]) -> Any:
         """Its config with the options ``values`` (by keyword) sets; a config object given
@@ -218,12 +222,11 @@ class Registry:
     plugins: Tuple[Plugin, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        names = [p.name for p in self.plugins]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"two draft sources share a name: {', '.join(names)}")
-        for name in names:
-            if name in ("auto", "none"):
-                raise ConfigError(f"a draft source cannot be named {name!r}")
+        for i, p in enumerate(self.plugins):
+            checked(p)
+            for q in self.plugins[:i]:
+                if q.name == p.name:
+                    raise ConfigError(f"two draft sources are named {p.name!r}: {origin_of(q)} and {origin_of(p)}")
         self.options()  # shared options agree
 
     def extended(self, *plugins: Plugin) -> "Registry":
@@ -340,6 +343,48 @@ class Registry:
 
 
 ENTRY_POINTS = "llamaspec.sources"
+# "1": no installed package's source is loaded; "NAME,...": none of these (a source's or a package's name)
+DISABLE = "LLAMASPEC_DISABLE_PLUGINS"
+RESERVED = ("auto", "none")  # words of --spec
+
+
+def origin_of(plugin: Plugin) -> str:
+    """Where ``plugin`` was found, as a user is told: built-in, a package and its version, a file."""
+    return plugin.origin or "built-in"
+
+
+def checked(plugin: Plugin) -> Plugin:
+    """``plugin``, if what it declares can work: ConfigError naming it and the first fault.
+    Checked when it registers, not found mid-generation (a key without a prior, an option of no
+    field of its config)."""
+    name = plugin.name if isinstance(plugin, Plugin) else "?"
+
+    def fault(problem: str) -> ConfigError:
+        return ConfigError(f"the draft source {name!r} ({origin_of(plugin)}): {problem}")
+    if not isinstance(name, str) or not name.isidentifier() or name in RESERVED:
+        raise fault("its name must be a Python identifier, not auto or none")
+    if not callable(plugin.build):
+        raise fault("build is not callable")
+    for hook in ("check", "load", "given", "room", "beside"):
+        if getattr(plugin, hook) is not None and not callable(getattr(plugin, hook)):
+            raise fault(f"{hook} is not callable")
+    if not isinstance(plugin.priors, Mapping) or not plugin.priors:
+        raise fault("priors must map each evidence key it gives to its prior acceptance")
+    for key, prior in list(plugin.priors.items()) + [("overall", plugin.overall)]:
+        if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0 < prior <= 1:
+            raise fault(f"the prior of {key!r} is {prior!r}, not a probability in (0, 1]")
+    if plugin.config is not None and not dataclasses.is_dataclass(plugin.config):
+        raise fault("config must be a dataclass instance (its settings' defaults) or None")
+    for o in plugin.options:
+        if not isinstance(o, Option) or not str(o.keyword).isidentifier():
+            raise fault(f"option {o!r} is not an Option with a Python identifier as keyword")
+        if plugin.config is None or not hasattr(plugin.config, o.field):
+            raise fault(f"option {o.keyword} sets {o.field!r}, which its config has no field of")
+        if o.flag is not None and not (o.flag.startswith("--") and len(o.flag) > 2 and " " not in o.flag):
+            raise fault(f"option {o.keyword}'s flag {o.flag!r} is not a --long-flag")
+    if not isinstance(plugin.needs, frozenset) or not all(isinstance(n, Need) for n in plugin.needs):
+        raise fault("needs must be a frozenset of Need")
+    return plugin
 
 
 def plugin_of(where: Any) -> Plugin:
@@ -351,7 +396,7 @@ def plugin_of(where: Any) -> Plugin:
     plugin = getattr(module, "PLUGIN", None)
     if not isinstance(plugin, Plugin):
         raise ConfigError(f"{where} declares no draft source: a module of one has PLUGIN = Plugin(...)")
-    return plugin
+    return plugin if plugin.origin else dataclasses.replace(plugin, origin=str(where))
 
 
 def _module(where: str) -> ModuleType:
@@ -367,20 +412,109 @@ def _module(where: str) -> ModuleType:
         sys.modules[name] = module  # dataclasses and pickling look a module up by name
         try:
             spec.loader.exec_module(module)
-        except Exception as e:  # the user's file: say what broke, in one line
+        except (Exception, SystemExit) as e:  # the user's file: say what broke, in one line
             del sys.modules[name]
-            raise ConfigError(f"cannot load a source from {where}: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"cannot load a source from {where}: {described(e)}") from None
         return module
     try:
         return importlib.import_module(where)
     except ImportError as e:
         raise ConfigError(f"no source module {where!r}: {e}") from None
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"cannot load the source module {where!r}: {described(e)}") from None
+
+
+def described(e: BaseException) -> str:
+    """An exception in one line: its type and message (a warning or error quotes it)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def installed_plugins(taken: Iterable[str] = ()) -> Tuple[Plugin, ...]:
+    """The sources installed packages declare (entry points ``llamaspec.sources``, each a Plugin
+    or a module declaring one), but those ``LLAMASPEC_DISABLE_PLUGINS`` turns off and those
+    named as one of ``taken`` (the built-in sources: they always win). Each is loaded once per
+    process, when first asked for: importing llamaspec runs no other package's code. A package
+    whose source fails to load (an ImportError, any exception, a sys.exit) or declares one that
+    cannot work is one LlamaspecWarning naming it, its version and the error; two of one name
+    are one naming both, the first by package name kept."""
+    return _load_installed(os.environ.get(DISABLE, "").strip(), tuple(taken))
+
+
+def forget_installed() -> None:
+    """Load the installed packages' sources again when next asked (a test installs a package)."""
+    _load_installed.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)  # once per process and setting: the cached plugins, not a global to set
+def _load_installed(disabled: str, taken: Tuple[str, ...]) -> Tuple[Plugin, ...]:
+    from importlib.metadata import entry_points
+    off = {name.strip() for name in disabled.split(",")} - {""}
+    if "1" in off:
+        return ()
+
+    def package(ep: Any) -> str:
+        dist = getattr(ep, "dist", None)
+        return f"{dist.name} {dist.version}" if dist is not None else f"the entry point {ep.value}"
+    found: List[Plugin] = []
+    for ep in sorted(entry_points(group=ENTRY_POINTS), key=lambda ep: (package(ep), ep.name)):
+        dist = getattr(ep, "dist", None)
+        if ep.name in off or (dist is not None and dist.name in off):
+            continue
+        origin = package(ep)
+        try:
+            plugin = plugin_of(ep.load())
+            plugin = checked(dataclasses.replace(plugin, origin=origin))
+        except (Exception, SystemExit) as e:  # another package's fault: not the user's command's
+            warnings.warn(f"the draft source {ep.name!r} of {origin} is not loaded: {described(e)}", LlamaspecWarning,
+                          stacklevel=2)
+            continue
+        if plugin.name in off:
+            continue
+        kept = [p for p in found if p.name == plugin.name]
+        if plugin.name in taken or kept:
+            winner = kept[0].origin if kept else "the built-in one"
+            warnings.warn(f"two draft sources are named {plugin.name!r}: {winner} and {origin}; {winner}'s is kept",
+                          LlamaspecWarning, stacklevel=2)
+            continue
+        found.append(plugin)
+    return tuple(found)
 
 
 def installed(base: Registry, extra: Sequence[Any] = ()) -> Registry:
-    """``base`` (the built-in sources), then those of installed packages (the
-    ``llamaspec.sources`` entry points, each a Plugin or a module declaring one), then ``extra``
-    (plugins, modules, module names or files)."""
-    from importlib.metadata import entry_points
-    found = [plugin_of(ep.load()) for ep in entry_points(group=ENTRY_POINTS)]
-    return base.extended(*[p for p in found if p.name not in base.names], *[plugin_of(e) for e in extra])
+    """``base`` (the built-in sources), then those of installed packages (``installed_plugins``),
+    then ``extra`` (plugins, modules, module names or files the user names: one named like an
+    installed package's is kept in its place, with a warning; one named like a built-in source
+    is a ConfigError)."""
+    named = [plugin_of(e) for e in extra]
+    found = []
+    for p in installed_plugins(base.names):
+        mine = [q for q in named if q.name == p.name]
+        if mine:
+            warnings.warn(f"two draft sources are named {p.name!r}: {p.origin} and {origin_of(mine[0])}; "
+                          f"{origin_of(mine[0])}'s is kept", LlamaspecWarning, stacklevel=2)
+        else:
+            found.append(p)
+    return base.extended(*found, *named)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One source as ``llamaspec sources`` shows it: its name, where it was found, one line about
+    it, its options (each flag, or Python keyword where it has no flag, its default and help),
+    what it loads (where it runs only with it) and what a generation must carry for it."""
+
+    name: str
+    origin: str
+    describe: str
+    options: Tuple[Tuple[str, Any, str], ...]
+    loads: str
+    needs: Tuple[str, ...]
+
+
+def listing(registry: Registry) -> List[Listed]:
+    """Every source of ``registry``, in its order, as ``llamaspec sources`` lists it."""
+    return [Listed(p.name, origin_of(p), p.describe,
+                   tuple((o.flag or f"{o.keyword}=", getattr(p.config, o.field), o.help) for o in p.options),
+                   p.loads, tuple(sorted(n.value for n in p.needs)))
+            for p in registry.plugins]

@@ -53,7 +53,7 @@ def test_labels_and_what_the_registry_says_of_each_source():
     built_in = [cls for cls in Source.__subclasses__() if cls.__module__.startswith("llamaspec.sources.")]
     assert {cls.name for cls in built_in} >= set(REGISTRY.names)
     assert [cls.name for cls in built_in if cls.expensive] == ["draft"]  # asking it costs decodes
-    with pytest.raises(ConfigError, match="share a name"):
+    with pytest.raises(ConfigError, match="two draft sources are named 'draft': built-in and built-in"):
         REGISTRY.extended(DRAFT)
 
 
@@ -123,3 +123,31 @@ def test_priors_are_probabilities():
 
 
 # --- a source of one's own -----------------------------------------------------------------------
+
+
+def test_what_a_plugin_declares_is_checked_when_it_registers():
+    """A fault in a declaration is one ConfigError naming the source when a registry takes it,
+    not an error mid-generation."""
+    from dataclasses import dataclass, replace
+    from llamaspec.sources.registry import Option, Plugin
+
+    @dataclass(frozen=True)
+    class Settings:
+        size: int = 1
+    good = Plugin(name="mine", build=lambda setup, text: None, priors={"x": 0.5}, overall=0.5, config=Settings(),
+                  options=(Option("mine_size", "size", "How big.", "--mine-size"),), origin="a package 1.0")
+    assert REGISTRY.extended(good)["mine"] is good
+    for change, fault in [({"name": "my-source"}, "its name must be a Python identifier"),
+                          ({"name": "auto"}, "its name must be a Python identifier, not auto or none"),
+                          ({"priors": {}}, "priors must map each evidence key"),
+                          ({"priors": {"x": 1.5}}, "the prior of 'x' is 1.5, not a probability"),
+                          ({"overall": 0}, "the prior of 'overall' is 0"),
+                          ({"build": None}, "build is not callable"),
+                          ({"load": "file.bin"}, "load is not callable"),
+                          ({"config": {"size": 1}}, "config must be a dataclass instance"),
+                          ({"options": (Option("mine_size", "sized", "How big.", "--mine-size"),)},
+                           "option mine_size sets 'sized', which its config has no field of"),
+                          ({"options": (Option("mine_size", "size", "How big.", "-s"),)}, "option mine_size's flag '-s' is not a --long-flag"),
+                          ({"needs": {"a grammar"}}, "needs must be a frozenset of Need")]:
+        with pytest.raises(ConfigError, match=f"the draft source '.*' \\(a package 1.0\\): {fault}"):
+            REGISTRY.extended(replace(good, **change))
