@@ -17,6 +17,13 @@ Cheap sources (lookup, n-gram caches, lookahead) propose every step that asks (e
 unless asking has not been paying for its own time: see Gate). An expensive one (a draft model)
 is asked only when the planner expects it to pay; otherwise ``idle`` says why.
 
+A source is optional: the target can always decode plainly. One that raises (in propose,
+drafting, lag or learn), proposes what is no proposal (not a Proposal, a candidate of another
+source, a token that is no token id, evidence it declares no prior for) or takes longer to
+answer one ask than SLOW_ASK single-token decodes of the target is turned off for the rest of
+the text, with one LlamaspecWarning naming it and the error (``off``); the text goes on as
+the target's own.
+
 Where the text's grammar forces the next tokens (its lead), every candidate begins with them;
 a source that reads nothing but the tokens it is given (``Source.past_forced``: lookup, the
 n-gram caches) is asked after them, so that what it finds goes on past the lead::
@@ -30,6 +37,7 @@ n-gram caches) is asked after them, so that what it finds goes on past the lead:
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -39,7 +47,9 @@ from .acceptance_model import AcceptanceModel
 from ..constraints import Constraint
 from ..sources import rounds
 from ..sources.base import FORCED, Budget, Candidate, Drafting, Outcome, Proposal, Window, Source
+from ..sources.registry import described
 from ..config import SamplingConfig
+from ..errors import LlamaspecWarning
 from ..sampling import Distribution
 from .costs import CostModel
 from .gate import Gate
@@ -48,6 +58,11 @@ from .trie import Trie
 
 # Candidates a cheap source may offer per step.
 MAX_CANDIDATES = 4
+# A cheap source's ask that takes longer than this many single-token decodes of the target (and
+# SLOW_FLOOR seconds: a first ask that indexes a long prompt, a pause of the machine) costs more
+# than any candidate can repay: the source is turned off. The gate prices sources merely slow.
+SLOW_ASK = 100
+SLOW_FLOOR = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +121,8 @@ class Speculator:
         self._own_seconds: Dict[str, float] = {}  # this step's time of each of them, asked
         self._plain = 0.0  # what a plain step costs under this step's limits
         self._sunk = 0.0  # what a draft model's drafting cost this step (in the plan's cost, not a row's)
+        self.off: Dict[str, str] = {}  # the sources turned off for the rest of the text, and why
+        self._dropped: List[Source] = []  # (their contexts are still rolled back with the target's)
 
     @property
     def costs(self) -> CostModel:
@@ -150,8 +167,9 @@ class Speculator:
         lead = constraint.forced()[:limits.max_depth - 1] if constraint is not None and limits.max_depth > 1 else []
         expensive = [source for source in self.sources if source.expensive] if limits.max_depth > 0 else []
         self._own_seconds = {}
+        rates: List[List[float]] = []
         if limits.max_depth > 0:
-            for source in self.sources:
+            for source in list(self.sources):
                 if source.expensive:
                     continue
                 own = self.own_gates.get(source.name)
@@ -161,33 +179,82 @@ class Speculator:
                 mine = budget
                 if own is not None:  # it spares the work its estimates say no row would repay
                     mine = replace(budget, stop_below=self.planner.stop_below(limits))
-                if lead and source.past_forced:
-                    proposal = source.propose(list(tokens) + lead, replace(mine, max_len=mine.max_len - len(lead)),
-                                              sampling, rng)
-                    proposed = [_after_forced(lead, c) for c in proposal.candidates]
-                else:
-                    proposal = source.propose(tokens, mine, sampling, rng)
-                    proposed = list(proposal.candidates)
+                try:
+                    if lead and source.past_forced:
+                        proposal = self._checked(source, source.propose(
+                            list(tokens) + lead, replace(mine, max_len=mine.max_len - len(lead)), sampling, rng))
+                        proposed = [_after_forced(lead, c) for c in proposal.candidates]
+                    else:
+                        proposal = self._checked(source, source.propose(tokens, mine, sampling, rng))
+                        proposed = list(proposal.candidates)
+                    admitted = [c for c in map(admit, proposed) if c is not None]
+                    its_rates = [rate_of(c) for c in admitted]  # (evidence without a prior fails here)
+                except Exception as e:
+                    self._turn_off(source, described(e))
+                    continue
+                seconds = time.perf_counter() - t0
+                if self.costs.timed and seconds > SLOW_FLOOR and self.costs.units(seconds, len(tokens)) > SLOW_ASK:
+                    self._turn_off(source, f"one ask took {seconds:.1f} s, over {SLOW_ASK} decodes of the target")
+                    continue
                 if own is not None:
-                    self._own_seconds[source.name] = time.perf_counter() - t0
-                candidates += [c for c in map(admit, proposed) if c is not None]
+                    self._own_seconds[source.name] = seconds
+                candidates += admitted
+                rates += its_rates
                 window = proposal.window or window
         if window is not None and max(row[1] for row in window.rows) > limits.room:
             window = None
-        rates = [rate_of(c) for c in candidates]
         asked = StepProposals(tokens=tokens, limits=limits, candidates=candidates, rates=rates, window=window,
                               drafting=[], admit=admit, rate_of=rate_of)
         if expensive:
             asked.choice = self.planner.choose(candidates, rates, window, limits)
         for source in expensive:
-            ask, why = self.planner.ask(source.name, self.model.overall(source.name), source.lag(tokens),
+            try:
+                lag = source.lag(tokens)
+            except Exception as e:
+                self._turn_off(source, described(e))
+                continue
+            ask, why = self.planner.ask(source.name, self.model.overall(source.name), lag,
                                         source.max_len, candidates, rates, window, limits, asked.choice)
             if ask is None:
                 asked.idle[source.name] = why
             else:
                 budget = replace(ask, rates=self.model.rates(source.name))
-                asked.drafting.append((source, source.drafting(tokens, budget, sampling, rng)))
+                asked.drafting.append((source, self._guarded(source, tokens, budget, sampling, rng)))
         return asked
+
+    def _guarded(self, source: Source, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
+                 rng: np.random.Generator) -> Drafting:
+        """``source``'s drafting, or none (an empty proposal) where it fails: then it is turned off."""
+        try:
+            proposal = self._checked(source, (yield from source.drafting(tokens, budget, sampling, rng)))
+            for cand in proposal.candidates:
+                self.model.chain(source.name, cand.evidence)  # (evidence without a prior fails here)
+        except Exception as e:
+            self._turn_off(source, described(e))
+            return Proposal()
+        return proposal
+
+    def _checked(self, source: Source, proposal: object) -> Proposal:
+        """``proposal`` if it is one of ``source``'s, else ValueError saying what it is."""
+        if not isinstance(proposal, Proposal):
+            raise ValueError(f"proposed a {type(proposal).__name__}, not a Proposal")
+        if proposal.window is not None and not isinstance(proposal.window, Window):
+            raise ValueError(f"proposed a window that is a {type(proposal.window).__name__}, not a Window")
+        for cand in proposal.candidates:
+            if not isinstance(cand, Candidate) or cand.source != source.name:
+                raise ValueError(f"proposed {cand!r:.80}, not a Candidate of its own")
+            for token in cand.tokens:
+                if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or token < 0:
+                    raise ValueError(f"proposed {token!r:.40}, which is no token id")
+        return proposal
+
+    def _turn_off(self, source: Source, problem: str) -> None:
+        """``source`` is asked no more for this text: one warning names it and ``problem``."""
+        self.sources.remove(source)
+        self._dropped.append(source)
+        self.own_gates.pop(source.name, None)
+        self.off[source.name] = f"the {source.name} draft source is turned off for this text: {problem}"
+        warnings.warn(self.off[source.name], LlamaspecWarning, stacklevel=3)
 
     def choose(self, asked: "StepProposals", drafted: Sequence[Tuple[Proposal, float]], limits: Limits) -> Plan:
         """What to verify, from what ``asked``'s sources proposed and what its expensive sources
@@ -238,11 +305,14 @@ class Speculator:
             accepted = sum(1 for sources in outcome.path_sources if set(sources) == {name})
             self.own_gates[name].learn(accepted, extra * _share(outcome, name), units(seconds))
         self._own_seconds = {}
-        for source in self.sources:
-            source.learn(outcome)
+        for source in list(self.sources):
+            try:
+                source.learn(outcome)
+            except Exception as e:
+                self._turn_off(source, described(e))
 
     def contexts(self) -> list:
-        return [ctx for source in self.sources for ctx in source.contexts()]
+        return [ctx for source in self.sources + self._dropped for ctx in source.contexts()]
 
 
 def _share(outcome: Outcome, name: str) -> float:
