@@ -17,7 +17,11 @@ from ..engine.generation import Result, make_config
 from ..engine.scheduler import aggregate, check_samples
 from .options import (EXTRA_ARGS, generation_options, grammar_option, load_spec, model_options, parse_sources,
                       read_prompt, utf8_option)
-from .repl import run_chat
+from .repl import Painter, colours_wanted, run_chat
+
+COLOR_SOURCES = click.option("--color-sources", is_flag=True,
+                             help="Colour the text by the source each token came from, with a legend after it "
+                                  "(at a terminal only; NO_COLOR turns it off).")
 
 @click.command(context_settings=EXTRA_ARGS)
 @model_options
@@ -27,13 +31,15 @@ from .repl import run_chat
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text and stats.")
 @click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
               help="Draw this many samples, decoded together and drafting from each other (needs --temp > 0).")
+@COLOR_SOURCES
 @click.pass_context
 def generate(context: click.Context, prompt: Optional[str], file: Optional[Path], as_chat: bool, as_json: bool,
-             samples: int, **o: Any) -> None:
+             samples: int, color_sources: bool, **o: Any) -> None:
     """Generate from one prompt (-p, -f or stdin), speculating with every draft source the models
     allow (--spec auto); --spec none decodes plainly. SIGINT or SIGTERM ends it early with what
     was generated (--json: the partial result, stop reason "interrupted"), exit code 130 or 143.
-    With --samples N, N samples are decoded together; each is printed under a header line."""
+    With --samples N, N samples are decoded together; each is printed under a header line.
+    --json gives each token's source (plain: the target's own) beside the tokens."""
     registry = parse_sources(o, context.args)
     text = read_prompt(prompt, file, o["n_ctx"])
     gen = generation_options(o)
@@ -44,13 +50,14 @@ def generate(context: click.Context, prompt: Optional[str], file: Optional[Path]
         _generate_samples(load_spec(o, registry, default_draft=False), text, as_chat, as_json, samples, gen)
         return
     signal_code = 0
+    painter = Painter(colours_wanted(color_sources and not as_json, sys.stdout))
     with load_spec(o, registry, default_draft=False) as spec, _terminate_as_interrupt():
         chunks = (spec.chat_stream([{"role": "user", "content": text}], **gen) if as_chat
                   else spec.stream(text, **gen))
         try:
             for chunk in chunks:
                 if not as_json:
-                    click.echo(chunk.text, nl=False)
+                    click.echo(painter.text(chunk), nl=False)
         except (KeyboardInterrupt, _Terminated) as e:
             chunks.close()
             signal_code = 143 if isinstance(e, _Terminated) else 130
@@ -60,6 +67,8 @@ def generate(context: click.Context, prompt: Optional[str], file: Optional[Path]
         click.echo(json.dumps(_result_json(result)))
     else:
         click.echo()
+        if painter.on:
+            click.echo(painter.legend(result), err=True)
         click.echo(result.stats.summary(), err=True)
     for warning in result.warnings:  # the text is out; what failed after it still fails the command
         click.echo(f"error: {warning}", err=True)
@@ -116,16 +125,17 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _result_json(result: Result) -> dict:
-    return {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason,
-            "stats": result.stats.to_dict()}
+    return {"text": result.text, "tokens": result.tokens, "sources": result.sources,
+            "stop_reason": result.stop_reason, "stats": result.stats.to_dict()}
 
 
 @click.command(context_settings=EXTRA_ARGS)
 @model_options
 @click.option("--system", default="", help="System message.")
 @click.option("--no-stats", is_flag=True, help="Hide the one-line summary after each reply.")
+@COLOR_SOURCES
 @click.pass_context
-def chat(context: click.Context, system: str, no_stats: bool, **o: Any) -> None:
+def chat(context: click.Context, system: str, no_stats: bool, color_sources: bool, **o: Any) -> None:
     """Interactive chat: line editing and history, /help for the commands, Ctrl-C stops a reply,
     Ctrl-D quits. Conversations longer than the context lose their oldest turns (it says so).
 
@@ -138,7 +148,8 @@ def chat(context: click.Context, system: str, no_stats: bool, **o: Any) -> None:
     system = utf8_option(system, "--system")
     with load_spec(o, registry, default_draft=True) as spec:
         spec.format_chat([{"role": "user", "content": "hi"}])  # no template: fail now, not at the first turn
-        run_chat(spec, gen, system, show_stats=not no_stats)
+        run_chat(spec, gen, system, show_stats=not no_stats,
+                 painter=Painter(colours_wanted(color_sources, sys.stdout)))
 
 
 @click.command(context_settings=EXTRA_ARGS)

@@ -8,7 +8,9 @@ goes on on the next line.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections import Counter
 from typing import Callable, List, Optional, TextIO
 
 import click
@@ -16,7 +18,14 @@ import click
 from ..api import LlamaSpec
 from ..llama.chat import Message, drop_oldest_turns, new_messages
 from ..errors import LlamaspecError
-from ..engine.generation import Result
+from ..engine.generation import PLAIN, Chunk, Result
+
+# The background colour (xterm's 256) of each built-in source's tokens; a plugin's is one of
+# SPARE, by its name. Plain tokens keep the terminal's own colours.
+COLOURS = {"lookup": 153, "draft": 223, "lookahead": 151, "heads": 225, "grammar": 252, "consensus": 229,
+           "cache": 159}
+SPARE = (217, 187, 195, 182, 230)
+RESET = "\x1b[0m"
 
 HELP = """\
 /help   this text
@@ -77,8 +86,46 @@ class Reader:
             return "\n".join(lines + [line])
 
 
-def run_chat(spec: LlamaSpec, gen: dict, system: str, show_stats: bool, stream: Optional[TextIO] = None) -> None:
-    """The chat loop: until /exit, Ctrl-D or the end of input (``stream``, default stdin)."""
+def colours_wanted(asked: bool, out: TextIO) -> bool:
+    """Whether to colour text by source: asked for (``--color-sources``), ``out`` a terminal, and
+    no ``NO_COLOR`` set (no-color.org: set and not empty)."""
+    return asked and out.isatty() and not os.environ.get("NO_COLOR")
+
+
+class Painter:
+    """Streamed text coloured by each token's source (its background; plain tokens as they are),
+    when ``on``; the text as it is otherwise."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def text(self, chunk: Chunk) -> str:
+        """A chunk's text, each token's part of it coloured by its source."""
+        if not self.on or "".join(chunk.pieces) != chunk.text:  # a tail held back for a stop string
+            return chunk.text
+        return "".join(paint(piece, source) for piece, source in zip(chunk.pieces, chunk.sources))
+
+    def legend(self, result: Result) -> str:
+        """One line after a reply: each source's colour and its count of the reply's tokens."""
+        counts = Counter(result.sources)
+        total = max(len(result.sources), 1)
+        return "sources: " + "  ".join(f"{paint(name, name)} {n} ({100 * n / total:.0f}%)"
+                                       for name, n in counts.most_common())
+
+
+def paint(text: str, source: str) -> str:
+    """``text`` on the background of ``source`` (its colour ends at each line's end)."""
+    if source == PLAIN or not text:
+        return text
+    code = COLOURS.get(source, SPARE[sum(map(ord, source)) % len(SPARE)])
+    start = f"\x1b[48;5;{code}m\x1b[30m"
+    return "\n".join(start + line + RESET if line else line for line in text.split("\n"))
+
+
+def run_chat(spec: LlamaSpec, gen: dict, system: str, show_stats: bool, stream: Optional[TextIO] = None,
+             painter: Painter = Painter(False)) -> None:
+    """The chat loop: until /exit, Ctrl-D or the end of input (``stream``, default stdin); each
+    reply coloured by ``painter``, with its legend when it colours."""
     reader = Reader(stream if stream is not None else sys.stdin)
     messages = new_messages(system)
     last: Optional[Result] = None
@@ -114,7 +161,7 @@ def run_chat(spec: LlamaSpec, gen: dict, system: str, show_stats: bool, stream: 
             say(f"unknown command {command}; /help lists them")
             continue
         try:
-            result = _turn(spec, messages + [{"role": "user", "content": text}], gen)
+            result = _turn(spec, messages + [{"role": "user", "content": text}], gen, painter)
         except LlamaspecError as e:  # the session goes on
             say(f"error: {e}")
             continue
@@ -124,16 +171,18 @@ def run_chat(spec: LlamaSpec, gen: dict, system: str, show_stats: bool, stream: 
             say(f"(the conversation no longer fit the context: left out its {result.dropped_turns} oldest turn"
                 f"{'s' if result.dropped_turns > 1 else ''})")
         messages += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
+        if painter.on:
+            say(painter.legend(result))
         if show_stats:
             say(click.style(result.stats.summary(), dim=True))
 
 
-def _turn(spec: LlamaSpec, messages: List[Message], gen: dict) -> Result:
+def _turn(spec: LlamaSpec, messages: List[Message], gen: dict, painter: Painter) -> Result:
     """Stream one reply; Ctrl-C ends it early and keeps what was said."""
     chunks = spec.chat_stream(messages, **gen)
     try:
         for chunk in chunks:
-            click.echo(chunk.text, nl=False)
+            click.echo(painter.text(chunk), nl=False)
     except KeyboardInterrupt:
         chunks.close()
         click.echo(" [stopped]", nl=False)
