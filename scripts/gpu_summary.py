@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from llamaspec.cli.tools import curve_summary
+from llamaspec.cli.manage import curve_summary
 from llamaspec.measure.report import format_columns
 from llamaspec.planning.costs import CostCurve
 

@@ -3,7 +3,7 @@
     options.py      every option, named as in llama.cpp's programs (the draft sources' generated
                     from their plugins), and what turns them into the library's arguments
     generation.py   generate, chat, serve
-    tools.py        models, lookup (n-gram cache files), bench, profile, agreement, compare
+    manage.py       models, lookup (n-gram cache files), bench, profile, agreement, compare
     sources.py      sources (the draft sources installed, where from, their options)
     agent.py        agent-bench (a recorded agent conversation replayed against a server)
     repl.py         the terminal chat of ``llamaspec chat``
@@ -26,9 +26,9 @@ from ..errors import LlamaspecError, LlamaspecWarning
 
 # each command: its module and the name of the command in it, imported when it is asked for
 COMMANDS = {"generate": ("generation", "generate"), "chat": ("generation", "chat"), "serve": ("generation", "serve"),
-            "models": ("tools", "models_group"), "lookup": ("tools", "lookup_group"), "heads": ("tools", "heads_group"),
-            "bench": ("tools", "bench_command"), "profile": ("tools", "profile_command"),
-            "agreement": ("tools", "agreement_command"), "compare": ("tools", "compare_command"),
+            "models": ("manage", "models_group"), "lookup": ("manage", "lookup_group"), "heads": ("manage", "heads_group"),
+            "bench": ("manage", "bench_command"), "profile": ("manage", "profile_command"),
+            "agreement": ("manage", "agreement_command"), "compare": ("manage", "compare_command"),
             "sources": ("sources", "sources_command"), "agent-bench": ("agent", "agent_bench")}
 
 

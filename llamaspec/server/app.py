@@ -533,7 +533,7 @@ class Chunks:
     the decoding waits while chunks are sent: on a CPU that decodes with every core, sending
     beside it would slow it more. So that a fast model does not wait for every token, one read
     takes the chunks of up to ``BUDGET`` seconds of decoding (measured by
-    ``scripts/bench_server.py``). Through a batcher, the decoding goes on while chunks are sent."""
+    ``benchmarks/server_cost.py``). Through a batcher, the decoding goes on while chunks are sent."""
 
     BUDGET = 0.025
 

@@ -1,7 +1,7 @@
 """The HTTP server's cost: the bench suite's prompts through ``llamaspec serve`` beside the same
 prompts in process, on one machine, in one run.
 
-    python scripts/bench_server.py [-m MODEL] [-md DRAFT] [--spec auto] [-n 128] [-t THREADS] [--runs 3]
+    python benchmarks/server_cost.py [-m MODEL] [-md DRAFT] [--spec auto] [-n 128] [-t THREADS] [--runs 3]
 
 Both sides load the same model with the same speculation; the server runs as its own process on
 127.0.0.1 and a free port and waits idle while the in-process side decodes. Each run asks every
@@ -32,12 +32,10 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llamaspec
-
-import llamaspec  # noqa: E402
-from llamaspec.llama import models  # noqa: E402
-from llamaspec.measure import load_suite  # noqa: E402
-from llamaspec.config import default_threads  # noqa: E402
+import llamaspec
+from llamaspec.llama import models
+from llamaspec.measure import load_suite
+from llamaspec.config import default_threads
 
 
 def free_port() -> int:
