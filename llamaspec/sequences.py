@@ -1,8 +1,21 @@
-"""Comparing token lists: how much of one another holds."""
+"""Token lists and the batch rows that put them in the KV cache's sequences: how much of one
+list another holds."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Tuple
+
+
+class BatchRow(NamedTuple):
+    """One row of a llama_decode batch: ``token`` at position ``pos`` of each KV-cache sequence in
+    ``seq_ids``, ``logits``: whether the decode outputs the row's logits. In a trie's or a
+    window's own rows, ``pos`` counts from the pending token and ``seq_ids`` are local (the
+    engine places them)."""
+
+    token: int
+    pos: int
+    seq_ids: Tuple[int, ...]
+    logits: bool
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -74,7 +74,7 @@ from ..planning.shape import Shape, decode
 from ..planning.speculator import Plan, Speculator
 from ..planning.trie import Layout
 from ..sampling import TokenLogprob, logprob_of
-from ..sequences import common_prefix
+from ..sequences import BatchRow, common_prefix
 from ..sources import rounds
 from ..sources.base import Outcome
 from .target import Processor, Target, walk
@@ -180,7 +180,7 @@ class LaneRows:
     plan: Plan
     layout: Layout
     seqs: List[int]
-    rows: List[Tuple[int, int, Tuple[int, ...], bool]]
+    rows: List[BatchRow]
     out: int
     n_trie: int
     n_window: int
@@ -189,18 +189,30 @@ class LaneRows:
     t_plan: float = 0.0
 
 
+@dataclass(frozen=True)
+class PromptChunk:
+    """Prompt tokens a lane reads in one decode: ``take`` tokens of ``text`` from position
+    ``start``, their output rows from ``out`` on; ``last``: whether they end the prompt."""
+
+    lane: Lane
+    text: List[int]
+    start: int
+    take: int
+    out: int
+    last: bool
+
+
 @dataclass(eq=False, kw_only=True)
 class Flight:
     """A decode queued (and, unless the engine overlaps, done): every lane's rows, the prompt
-    chunks read (lane, its text, first position, tokens, first output row, whether the prompt's
-    last), the scratch sequences used and the lanes touched (emptied and trimmed when it lands),
+    chunks read, the scratch sequences used and the lanes touched (emptied and trimmed when it lands),
     and what its landing needs: the target's ``t_llama`` before it, the decode's verify costs
     (``verify``, behind ``length``), whether its shape was warm, the plans' ``forgone`` score.
     ``error``: a decode that could not be queued, raised when it would have landed unless every
     text it was for (``texts``: lane, its text, its length) has stopped or changed since."""
 
     lanes_rows: List[LaneRows] = field(default_factory=list)
-    chunks: List[Tuple[Lane, List[int], int, int, int, bool]] = field(default_factory=list)
+    chunks: List[PromptChunk] = field(default_factory=list)
     n_rows: int = 0
     n_out: int = 0
     read_hidden: bool = False
@@ -218,7 +230,7 @@ class Flight:
     def current(self) -> bool:
         """Whether any of its rows still speaks for its lane's text."""
         return any(current(d.lane, d.text, d.n_tokens) for d in self.lanes_rows) or \
-            any(reading(ln, text) for ln, text, *_ in self.chunks) or \
+            any(reading(c.lane, c.text) for c in self.chunks) or \
             any(current(ln, text, n) for ln, text, n in self.texts)
 
 
@@ -394,7 +406,7 @@ class Engine:
         the prompt chunks of lanes reading theirs, then each decoding lane's pending token, trie
         and window, as its speculator plans them. None when no lane has work."""
         target = self.target
-        rows: List[Tuple[int, int, Tuple[int, ...], bool]] = []
+        rows: List[BatchRow] = []
         n_out = 0
         live = [ln for ln in self.lanes if ln.live]
         reading = [ln for ln in self.lanes if ln.state == "prompt"]
@@ -413,8 +425,8 @@ class Engine:
                 start = len(ln.cached)
                 last = start + take == len(ln.tokens)
                 for i, token in enumerate(ln.tokens[start:start + take]):
-                    rows.append((token, start + i, (ln.home,), echo or (last and i == take - 1)))
-                f.chunks.append((ln, ln.tokens, start, take, n_out, last))
+                    rows.append(BatchRow(token, start + i, (ln.home,), echo or (last and i == take - 1)))
+                f.chunks.append(PromptChunk(ln, ln.tokens, start, take, n_out, last))
                 n_out += take if echo else last
                 committed += take
             order = live[self._turn % len(live):] + live[:self._turn % len(live)] if live else []
@@ -477,15 +489,16 @@ class Engine:
                 f.costs.observe(CostModel.TARGET, f.n_rows, target.t_llama - f.busy, f.length)
             logits = target.logits(f.n_out)
             hidden = target.hidden(f.n_out) if f.read_hidden else None
-            for ln, text, start, take, out, last in f.chunks:
-                if not reading(ln, text):
+            for c in f.chunks:
+                ln = c.lane
+                if not reading(ln, c.text):
                     continue  # stopped while its chunk was decoded
-                ln.cached += ln.tokens[start:start + take]
+                ln.cached += ln.tokens[c.start:c.start + c.take]
                 if ln.echoed is not None:  # row i read token start + i; the next one is the prompt's
-                    ln.echoed += [logprob_of(logits[out + i], ln.tokens[start + i + 1], ln.logprobs or 0)
-                                  for i in range(take) if start + i + 1 < len(ln.tokens)]
-                if last:  # the prompt's last row: every row has logits when echoing, else only it
-                    emitted += self._first_tokens(ln, logits[out + take - 1 if ln.echoed is not None else out])
+                    ln.echoed += [logprob_of(logits[c.out + i], ln.tokens[c.start + i + 1], ln.logprobs or 0)
+                                  for i in range(c.take) if c.start + i + 1 < len(ln.tokens)]
+                if c.last:  # the prompt's last row: every row has logits when echoing, else only it
+                    emitted += self._first_tokens(ln, logits[c.out + c.take - 1 if ln.echoed is not None else c.out])
             accepted = 0
             for d in f.lanes_rows:
                 if not current(d.lane, d.text, d.n_tokens):
@@ -513,7 +526,7 @@ class Engine:
                       room=room, max_leaves=min(self.max_leaves, n_free + 1), base_rows=committed - 1,
                       length=len(ln.tokens), shape=self.shape.kept, switch=self.shape.switch)
 
-    def _pad(self, rows: List[Tuple[int, int, Tuple[int, ...], bool]], free: List[int], used: List[int],
+    def _pad(self, rows: List[BatchRow], free: List[int], used: List[int],
              verify: Callable[[int], float]) -> None:
         """Pad ``rows`` up to the last decode's count where that costs less than changing it
         (planning/shape.py; ``verify(n)``: a decode of n rows replayed): rows of a scratch
@@ -524,7 +537,7 @@ class Engine:
             return
         seq = free.pop(0)
         used.append(seq)
-        rows += [(rows[-1][0], i, (seq,), True) for i in range(padding)]
+        rows += [BatchRow(rows[-1].token, i, (seq,), True) for i in range(padding)]
 
     def _cells(self) -> int:
         """KV cells the lanes' homes hold at most (cells shared by a group's lanes counted for each)."""
@@ -538,7 +551,7 @@ class Engine:
         layout = plan.trie.layout()
         local = list(layout.rows)
         n_seqs = layout.n_seqs
-        n_trie = 1 + sum(1 for row in local if row[3])  # the pending token's and the nodes'
+        n_trie = 1 + sum(1 for row in local if row.logits)  # the pending token's and the nodes'
         n_window = 0
         window = plan.window
         if window is not None and n_seqs - 1 + window.n_seqs > len(free):
@@ -546,13 +559,13 @@ class Engine:
         if window is not None:  # its columns: sequences after the branches'
             local += window.after(n_seqs)
             n_seqs += window.n_seqs
-            n_window = sum(1 for row in window.rows if row[3])
+            n_window = sum(1 for row in window.rows if row.logits)
         seqs = [ln.home] + free[:n_seqs - 1]
         del free[:n_seqs - 1]
         for s in seqs[1:]:
             self.target.seq_cp(ln.home, s, -1, -1)  # a branch or window column sees the whole text
-        rows = [(ln.tokens[-1], n - 1, tuple(seqs), True)]
-        rows += [(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
+        rows = [BatchRow(ln.tokens[-1], n - 1, tuple(seqs), True)]
+        rows += [BatchRow(token, n - 1 + offset, tuple(seqs[s] for s in ids), logits) for token, offset, ids, logits in local]
         return LaneRows(lane=ln, plan=plan, layout=layout, seqs=seqs, rows=rows, out=out, n_trie=n_trie,
                         n_window=n_window, text=ln.tokens, n_tokens=n)
 

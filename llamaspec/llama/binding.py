@@ -23,6 +23,7 @@ import numpy as np
 import llama_cpp.llama_cpp as ll
 
 from ..errors import DecodeError, ModelError
+from ..sequences import BatchRow
 
 # llama.cpp writes its log through one process-wide callback. We keep the last lines so a
 # failed load can say why, and print them only when LLAMASPEC_VERBOSE is set.
@@ -427,9 +428,9 @@ class Context:
         self._touched = 1
         del self.tokens[n:]
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False,
+    def decode_rows(self, rows: Sequence[BatchRow], hidden: bool = False,
                     wait: bool = True) -> int:
-        """One decode of ``rows``, each ``(token, position, sequence ids, logits?)``, for callers
+        """One decode of ``rows`` (BatchRow: token, position, sequence ids, logits?), for callers
         that keep the sequences' bookkeeping themselves (the engine's lanes; ``tokens`` is not
         touched). ``hidden``: the rows with logits have their last hidden state read too
         (:meth:`hidden`; llama.cpp then computes the output of every row); ``wait``: as decode's.
@@ -494,7 +495,7 @@ class KVSequence:
             chunk = tokens[start:start + ctx.n_batch]
             last = start + ctx.n_batch >= len(tokens)
             n = len(self.tokens)
-            ctx.decode_rows([(t, n + i, (self.seq,), logits == "all" or (logits == "last" and last and i == len(chunk) - 1))
+            ctx.decode_rows([BatchRow(t, n + i, (self.seq,), logits == "all" or (logits == "last" and last and i == len(chunk) - 1))
                              for i, t in enumerate(chunk)])
             self.tokens.extend(chunk)
 

@@ -39,6 +39,7 @@ import numpy as np
 from .. import errors
 from ..config import endpoint
 from ..errors import DecodeError, ModelError, RemoteError
+from ..sequences import BatchRow
 from .binding import Context, Model, check_gguf, supports_rpc
 
 # Seconds a worker may take to load a model onto its servers (the weights cross the network).
@@ -241,12 +242,12 @@ class RemoteContext:
 
     hidden_states = False  # decodes on RPC servers return no hidden states
 
-    def decode_rows(self, rows: Sequence[Tuple[int, int, Sequence[int], bool]], hidden: bool = False,
+    def decode_rows(self, rows: Sequence[BatchRow], hidden: bool = False,
                     wait: bool = True) -> int:
         """As Context.decode_rows; the decode on the servers is done when it returns (``wait`` aside)."""
         if hidden:
             raise DecodeError("a model on RPC servers returns no hidden states")
-        return self._decode("decode_rows", [(int(t), int(p), tuple(int(s) for s in seqs), bool(lg))
+        return self._decode("decode_rows", [BatchRow(int(t), int(p), tuple(int(s) for s in seqs), bool(lg))
                                             for t, p, seqs, lg in rows])
 
     def eval(self, tokens: Sequence[int], logits: str = "none") -> None:

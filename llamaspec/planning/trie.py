@@ -31,10 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..sources.base import Candidate
 from ..sampling import Distribution
-
-# A batch row: (token, position offset from the pending token, sequence ids, logits?).
-Row = Tuple[int, int, Tuple[int, ...], bool]
-
+from ..sequences import BatchRow
 
 class Trie:
     """Token trie of candidate prefixes. Nodes are numbered parents first; node 0 is the root."""
@@ -117,7 +114,7 @@ class Trie:
                     seqs[node].append(seq)
                     node = self.parent[node]
             stack.extend(reversed(kids))
-        rows = [(self.token[v], self.depth[v], tuple(sorted(seqs[v])), True) for v in range(1, len(self))]
+        rows = [BatchRow(self.token[v], self.depth[v], tuple(sorted(seqs[v])), True) for v in range(1, len(self))]
         return Layout(rows, [min(s) for s in seqs], max(n_seqs, 1))
 
 
@@ -126,7 +123,7 @@ class Layout:
     """``rows[v - 1]`` is node v's batch row (row 0 is the root's); ``seq[v]`` is a sequence
     holding node v's whole path (the one to keep when v is the last accepted node)."""
 
-    rows: List[Row]
+    rows: List[BatchRow]
     seq: List[int]
     n_seqs: int
 
@@ -158,6 +155,6 @@ def describe(trie: Trie, names: Optional[Dict[int, str]] = None) -> str:
              "token  " + "".join(cell(name(t)) for t in trie.token),
              "depth  " + "".join(cell(str(d)) for d in trie.depth)]
     for s in range(layout.n_seqs):
-        marks = ["x"] + ["x" if s in layout.rows[v - 1][2] else "." for v in range(1, n)]
+        marks = ["x"] + ["x" if s in layout.rows[v - 1].seq_ids else "." for v in range(1, n)]
         table.append(f"seq {s}  " + "".join(cell(m) for m in marks))
     return "\n".join(block(0) + [""] + [line.rstrip() for line in table])

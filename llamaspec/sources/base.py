@@ -22,14 +22,13 @@ import numpy as np
 
 from ..config import SamplingConfig
 from ..sampling import Distribution
+from ..sequences import BatchRow
 
 if TYPE_CHECKING:
     from ..llama.binding import Context, KVSequence
 
 # What a source saw behind one candidate token: the acceptance model keys its estimates on it.
 Evidence = Hashable
-# A batch row of a window: (token, position offset from the pending token, local sequence ids, logits?).
-WindowRow = Tuple[int, int, Tuple[int, ...], bool]
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,13 @@ class Window:
     every one sharing the accepted text); offsets count from the pending token's position.
     ``value`` is the expected number of future accepted tokens one ride earns."""
 
-    rows: Tuple[WindowRow, ...]
+    rows: Tuple[BatchRow, ...]
     n_seqs: int
     value: float
 
-    def after(self, n_seqs: int) -> List[WindowRow]:
+    def after(self, n_seqs: int) -> List[BatchRow]:
         """The rows with their sequence ids moved past the first ``n_seqs`` (a trie's)."""
-        return [(t, offset, tuple(n_seqs + s for s in seqs), logits) for t, offset, seqs, logits in self.rows]
+        return [BatchRow(t, offset, tuple(n_seqs + s for s in seqs), logits) for t, offset, seqs, logits in self.rows]
 
 
 @dataclass(frozen=True)

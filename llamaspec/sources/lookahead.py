@@ -45,11 +45,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..llama.binding import max_sequences
-from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Window, WindowRow, Source, length_bucket
+from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Window, Source, length_bucket
 from .registry import Option, Plugin, Scratch
 from ..config import SamplingConfig, check
 from ..errors import ConfigError
-from ..sequences import appended, common_prefix
+from ..sequences import BatchRow, appended, common_prefix
 
 
 @dataclass(frozen=True)
@@ -151,12 +151,12 @@ class JacobiWindow:
         pool = np.asarray(seed_tokens if len(seed_tokens) else [0], dtype=np.int64)
         self.levels = rng.choice(pool, size=(n - 1, w))
 
-    def rows(self) -> List[WindowRow]:
+    def rows(self) -> List[BatchRow]:
         """The window's batch rows, column i on local sequence i; logits on the last level."""
         w, last = self.w, self.n - 2
-        rows: List[WindowRow] = [(int(self.levels[0, i]), i, tuple(range(i, w)), last == 0) for i in range(1, w)]
+        rows = [BatchRow(int(self.levels[0, i]), i, tuple(range(i, w)), last == 0) for i in range(1, w)]
         for j in range(1, self.n - 1):
-            rows += [(int(self.levels[j, i]), i + j, (i,), j == last) for i in range(w)]
+            rows += [BatchRow(int(self.levels[j, i]), i + j, (i,), j == last) for i in range(w)]
         return rows
 
     def advance(self, before: Sequence[int], guesses: np.ndarray,

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..sequences import common_prefix
+from ..sequences import BatchRow, common_prefix
 from .base import Drafting, Proposal, Read
 
 
@@ -111,7 +111,7 @@ def _fit(read: Read) -> Read:
 def _decode(reads: Sequence[Read], pack: Sequence[int], out: List[Optional[np.ndarray]]) -> None:
     """One decode of the reads in ``pack`` (one model's, fitting one batch); the first of several
     reads that start from the same text reads their common part for all of them."""
-    rows: List[list] = []  # [token, position, sequence ids, logits?]
+    rows: List[list] = []  # a BatchRow's fields, in lists: rows read again add their sequence ids
     first: Dict[int, int] = {}  # a read that owns its rows -> its first row
     last: Dict[int, int] = {}  # a read -> the row of its last token
     for i in pack:
@@ -128,7 +128,7 @@ def _decode(reads: Sequence[Read], pack: Sequence[int], out: List[Optional[np.nd
         last[i] = first[owner] + shared - 1 if shared == len(read.tokens) else len(rows) - 1  # type: ignore[index]
         rows[last[i]][3] = True
     ctx = reads[pack[0]].seq.ctx
-    n_out = ctx.decode_rows([(t, pos, tuple(seqs), logits) for t, pos, seqs, logits in rows])
+    n_out = ctx.decode_rows([BatchRow(t, pos, tuple(seqs), logits) for t, pos, seqs, logits in rows])
     place = np.cumsum([row[3] for row in rows]) - 1  # a row's place among the output rows
     outputs = ctx.logits(n_out)
     for i in pack:

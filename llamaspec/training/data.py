@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..llama.binding import Context, Model
+from ..sequences import BatchRow
 from ..llama.chat import ChatTemplate
 
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "heads_prompts.txt"
@@ -133,7 +134,7 @@ def read(ctx: Context, tokens: Sequence[int], piece: int, deadline: float = math
             break
         window = tokens[start:start + ctx.n_batch]
         ctx.seq_rm(0, -1, -1)
-        ctx.decode_rows([(t, i, (0,), True) for i, t in enumerate(window)], hidden=True)
+        ctx.decode_rows([BatchRow(t, i, (0,), True) for i, t in enumerate(window)], hidden=True)
         n = len(window)
         top, top_p = best(ctx.logits(n))
         parts.append(States(np.array(ctx.hidden(n)), top[:, 0], np.full(n, piece * 1_000_000 + start), top, top_p,
@@ -174,18 +175,18 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
     try:
         ctx.seq_rm(-1, -1, -1)
         shared = _shared_prefix([p[:-1] for p in prompts]) if prompts else 0
-        _decode_all(ctx, [(t, i, (0,), False) for i, t in enumerate(prompts[0][:shared])] if shared else [])
+        _decode_all(ctx, [BatchRow(t, i, (0,), False) for i, t in enumerate(prompts[0][:shared])] if shared else [])
         for seq in range(1, len(free) if shared else 0):
             ctx.seq_cp(0, seq)
         while True:
             begun = [(free.pop(), waiting.pop()) for _ in range(min(len(free), len(waiting)))]
-            _decode_all(ctx, [(t, shared + i, (seq,), False)
+            _decode_all(ctx, [BatchRow(t, shared + i, (seq,), False)
                               for seq, j in begun for i, t in enumerate(prompts[j][shared:-1])])
             going.update((seq, (j, prompts[j][-1], len(prompts[j]) - 1)) for seq, j in begun)
             seqs = list(going)
             if not seqs or perf_counter() >= deadline:
                 break
-            ctx.decode_rows([(going[s][1], going[s][2], (s,), True) for s in seqs], hidden=True)
+            ctx.decode_rows([BatchRow(going[s][1], going[s][2], (s,), True) for s in seqs], hidden=True)
             hidden = np.array(ctx.hidden(len(seqs)))
             top, top_p = best(ctx.logits(len(seqs)))
             for r, s in enumerate(seqs):
@@ -209,7 +210,7 @@ def answers(ctx: Context, model: Model, prompts: Sequence[Sequence[int]], n_new:
     return parts, cut
 
 
-def _decode_all(ctx: Context, rows: Sequence[Tuple[int, int, Tuple[int, ...], bool]]) -> None:
+def _decode_all(ctx: Context, rows: Sequence[BatchRow]) -> None:
     for start in range(0, len(rows), ctx.n_batch):
         ctx.decode_rows(rows[start:start + ctx.n_batch])
 
