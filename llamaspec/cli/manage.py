@@ -15,7 +15,7 @@ from ..config import ModelConfig, SamplingConfig, SpecConfig, default_threads
 from ..errors import LlamaspecError
 from ..llama import hub, models
 from ..llama.binding import Model, gpus
-from ..llama.ngram_cache import NGRAM_STATIC, NgramCache
+from ..llama.ngram import NGRAM_STATIC, NgramCache
 from ..llama.pool import ModelPool
 from ..measure import (PROGRAMS, STRATEGIES, SUITES, SuitePrompt, format_columns, load_suite, matched,
                        require_matplotlib, run_bench, run_compare, write_plot)
@@ -30,7 +30,7 @@ from ..planning.speculator import Speculator
 from ..sources import installed_registry
 from ..sources.registry import Setup, TextContext
 from ..training import TrainConfig, train_heads
-from ..training.run import LARGE, READ_SHARE, SMALL, SMALL_TARGET
+from ..training.train import LARGE, READ_SHARE, SMALL, SMALL_TARGET
 from .options import (SETTINGS, bench_settings, check_writable, models_of, read_text, some_model_options,
                       split_names, write_text, _placement)
 

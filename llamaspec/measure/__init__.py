@@ -4,7 +4,7 @@ a candidate model agrees with the target) and replays of recorded answers (no mo
 
     settings.py     the settings every strategy shares; the strategies (which sources each runs)
     suite.py        the shipped prompt suite
-    run.py          run_bench: interleaved runs, one row per strategy and prompt
+    bench.py        run_bench: interleaved runs, one row per strategy and prompt
     compare.py      run_compare: llama.cpp's programs, their command lines, parsing their output
     report.py       the reports' dataclasses, the table, the JSON shape derived from them
     memory.py       resident memory of the process
@@ -17,7 +17,7 @@ a candidate model agrees with the target) and replays of recorded answers (no mo
 from .compare import PROGRAMS, CompareReport, matched, run_compare
 from .plot import require_matplotlib, write_plot
 from .report import BenchReport, Machine, format_columns, shape_of, validate
-from .run import run_bench
+from .bench import run_bench
 from .settings import STRATEGIES, BenchSettings, build_spec
 from .suite import SUITES, SuitePrompt, load_suite
 

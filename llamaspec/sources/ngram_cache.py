@@ -1,5 +1,5 @@
 """llama-lookup's n-gram caches as a draft source (the caches themselves, llama.cpp's files and
-drafting rule: ``llama/ngram_cache.py``).
+drafting rule: ``llama/ngram.py``).
 
 Three caches, as llama-lookup drafts from them: *context* (this text, built as it grows),
 *dynamic* (earlier generations, kept in a file between runs: ``--lookup-cache-dynamic``) and
@@ -22,7 +22,7 @@ from .lookup import OPTIONS as LOOKUP_OPTIONS, LookupConfig
 from .registry import Option, Plugin, Resources
 from ..config import SamplingConfig
 from ..errors import CacheFormatError, ConfigError
-from ..llama.ngram_cache import NgramCache, draft_from_caches
+from ..llama.ngram import NgramCache, draft_from_caches
 from ..sequences import appended
 
 

@@ -4,11 +4,11 @@
                 text (files given, or a default mix: its answers to a set of prompts, source
                 code and package documentation found on the machine)
     fit.py      the heads (sources/heads.py's shape) fitted to them with numpy; held-out agreement
-    run.py      `llamaspec heads train`: read, fit, write the file
+    train.py    `llamaspec heads train`: read, fit, write the file
 """
 
 from .data import States, collect, default_texts
 from .fit import Report, TrainConfig, train
-from .run import train_heads
+from .train import train_heads
 
 __all__ = ["Report", "States", "TrainConfig", "collect", "default_texts", "train", "train_heads"]

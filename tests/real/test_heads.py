@@ -18,7 +18,7 @@ from llamaspec.llama import models
 from llamaspec.llama.binding import Model
 from llamaspec.draft_heads import Heads, HeadsError, cached_path
 from llamaspec.training.data import output_rows
-from llamaspec.training.run import LARGE, SMALL_TARGET, defaults
+from llamaspec.training.train import LARGE, SMALL_TARGET, defaults
 
 from conftest import QWEN, QWEN_DRAFT, ROOT, SMOL, THREADS, assert_one_line_error, chatml, run
 

@@ -8,7 +8,7 @@ import pytest
 
 
 from llamaspec.measure.report import BenchReport, Row, check_shape, shape_of, validate
-from llamaspec.measure.run import rotated
+from llamaspec.measure.bench import rotated
 
 
 def validate_report(report):

@@ -54,7 +54,7 @@ def train_heads(model: str, files: Sequence[Union[str, Path]] = (), config: Trai
                 minutes: Optional[float] = None) -> Tuple[Path, Report]:
     """Heads for ``model`` trained on ``files`` (UTF-8 text, each read only as far as the tokens
     wanted: ``data.file_tokens``; default: the mix of training/data.py), written to
-    ``output`` (default: where they are found without --heads, training.run's ``cached_path``).
+    ``output`` (default: where they are found without --heads, training.train's ``cached_path``).
     Returns the file and the training's report. Ctrl-C while the text is read trains on what
     was read; while training, keeps the heads as they are. ``tokens``: the text's rows to read
     (default: ``defaults``); ``minutes``: the most the reading and training take together
