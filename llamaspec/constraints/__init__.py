@@ -1,7 +1,7 @@
 """What a text may say: JSON schemas, any JSON object, GBNF grammars and tool calls, checked and
-compiled (``grammar``; a schema becomes a grammar in ``json_schema``), then followed token by
+compiled (``matcher``; a schema becomes a grammar in ``json_schema``), then followed token by
 token (``Constraint``)."""
 
-from .grammar import Constraint, Grammar, GrammarVocabulary, constraint_of
+from .matcher import Constraint, Grammar, GrammarVocabulary, constraint_of
 
 __all__ = ["Constraint", "Grammar", "GrammarVocabulary", "constraint_of"]
