@@ -708,7 +708,8 @@ def finish_reason(result: Result) -> str:
 
 def timings(s: Stats) -> Dict[str, float]:
     """llama-server's figures: prompt tokens reused from the cache and evaluated now, generated
-    tokens, drafted and accepted."""
+    tokens, drafted and accepted; and llamaspec's ``llama_ms``: of ``predicted_ms``, the time its
+    models spent in llama_decode (the rest is the host's own)."""
     return {"cache_n": cached(s), "prompt_n": s.n_prompt_eval, "prompt_ms": 1000 * s.t_prompt, "prompt_per_second": s.prompt_tps,
             "predicted_n": s.n_predict, "predicted_ms": 1000 * s.t_decode, "predicted_per_second": s.decode_tps,
-            "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept}
+            "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept, "llama_ms": 1000 * s.t_llama}
