@@ -61,7 +61,8 @@ def test_chat_and_completions_give_llamaspec_generate_s_text_streamed_or_not(pla
     timings = reply.model_extra["timings"]
     assert timings["predicted_n"] == expected["stats"]["n_predict"] and timings["predicted_per_second"] > 0
     assert set(timings) == {"cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-                            "predicted_per_second", "draft_n", "draft_n_accepted"}
+                            "predicted_per_second", "draft_n", "draft_n_accepted", "llama_ms"}
+    assert 0 < timings["llama_ms"] <= timings["predicted_ms"]
     pieces, usage = [], None
     for chunk in client.chat.completions.create(model="x", messages=[{"role": "user", "content": question}],
                                                 max_tokens=40, temperature=0, stream=True,
