@@ -111,7 +111,7 @@ class LlamaSpec:
         each sample's last chunk carries its Result. The samples run on this LlamaSpec's
         context, so, like a Stream, this one is closed when another generation starts."""
         config = make_config(**options)
-        request = Request(self._prompt_tokens(prompt), config, n, self.spec_name)  # bad n: before any decoding
+        request = Request(self._prompt_tokens(prompt), config, n, self._strategy(config))  # bad n: before any decoding
         if n > MAX_SAMPLES:
             raise ConfigError(f"at most {MAX_SAMPLES} samples at once, got {n}")
         with self._lock:
@@ -221,8 +221,13 @@ class LlamaSpec:
 
     def _start(self, tokens: List[int], config: Any, dropped_turns: int = 0) -> Stream:
         with self._lock:
-            self._active = Stream(self._submit(Request(tokens, config, 1, self.spec_name)), dropped_turns)
+            self._active = Stream(self._submit(Request(tokens, config, 1, self._strategy(config))), dropped_turns)
             return self._active
+
+    def _strategy(self, config: Any) -> str:
+        """What the statistics call a generation: this LlamaSpec's sources (``--spec``'s name for
+        them), or the text's own choice (ConfigError for a source not loaded)."""
+        return self.spec_name if config.sources is None else self._parts.label(config.sources)
 
     def compile_grammar(self, grammar: Grammar) -> None:
         """Compile ``grammar`` for this model now, in this thread (GrammarError if it cannot be

@@ -164,6 +164,10 @@ class Assembly:
                               f"{running}", "spec")
         return frozenset(asked | {p.name for p in self.registry.plugins if p.joins in asked and p.name in self.names})
 
+    def label(self, asked: FrozenSet[str]) -> str:
+        """What the statistics call a text that asks for the sources ``asked`` (see ``chosen``)."""
+        return self.registry.label(self.chosen(asked), SpecConfig(asked))
+
     def scheduler(self) -> Scheduler:
         """Empty caches and an engine of MAX_SAMPLES lanes on them, one request at a time: fresh
         sources, acceptance model and planner (the cost model lives on)."""
