@@ -86,14 +86,17 @@ def create_completion(spec: Generator, prompt: Union[str, List[int]], suffix: Op
                       stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
                       logit_bias: Optional[Dict[str, float]] = None, n: int = 1, response_format: Any = None,
                       json_schema: Any = None, batcher: Any = None, repeat_last_n: int = _S.penalty_last_n,
-                      abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
+                      abandoned: Optional[threading.Event] = None,
+                      sources: Optional[str] = None) -> Union[Response, Iterator[Response]]:
     """A completion of a raw prompt (tokenized as ``llamaspec generate`` does), as
     ``llama_cpp.Llama.create_completion`` returns it; with ``n`` > 1, n choices (samples decoded
     together, as OpenAI's ``n``). With a ``batcher`` (LlamaSpec.batcher) the request is decoded
     beside the batcher's other requests. ``response_format`` and ``json_schema``: as for chat
     (llama-server takes them for completions too). ``abandoned``: set when nobody waits for the
     answer any more (the server's client left, the server is shutting down); the generation stops
-    at its next step and the answer (or the stream's last chunks) says what it had."""
+    at its next step and the answer (or the stream's last chunks) says what it had. ``sources``:
+    the draft sources this request may use (``--spec``'s names: auto, none or a list of those
+    loaded; None: auto). Each choice says where each of its tokens came from (``sources``)."""
     scored = echo and logprobs is not None
     if scored and suffix is not None:
         raise ConfigError("echo with logprobs and a suffix: the prompt read is the fill-in-the-middle layout, not the "
@@ -113,14 +116,15 @@ def create_completion(spec: Generator, prompt: Union[str, List[int]], suffix: Op
                    mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta))
     events = _start(spec, batcher, prompt, n, {**opts, "logprobs": logprobs, "echo": scored,
                                                "logits_processor": logits_processor,
-                                               "stopping_criteria": stopping_criteria})
+                                               "stopping_criteria": stopping_criteria, "sources": sources})
     tokens = (spec.tokenize(prompt) if isinstance(prompt, str) else list(prompt)) if scored else []
     if stream:
         return _completion_chunks(spec, events, n, head, echoed, abandoned, tokens)
     results = _results(events, n, abandoned)
     return {**head, "choices": [{"text": echoed + r.text, "index": i,
                                  "logprobs": _text_logprobs(spec, r.logprobs, _echoed(spec, tokens, r.prompt_logprobs)),
-                                 "finish_reason": finish_reason(r)} for i, r in enumerate(results)], **_totals(results)}
+                                 "finish_reason": finish_reason(r), "sources": r.sources}
+                                for i, r in enumerate(results)], **_totals(results)}
 
 
 def _completion_chunks(spec: Generator, events: "Events", n: int, head: Response, echoed: str = "",
@@ -140,9 +144,9 @@ def _completion_chunks(spec: Generator, events: "Events", n: int, head: Response
             if chunk.result is not None:
                 yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": logprobs,
                                             "finish_reason": finish_reason(chunk.result)}], **totals}
-            elif chunk.text or logprobs:
+            elif chunk.text or logprobs or chunk.tokens:
                 yield {**head, "choices": [{"text": chunk.text, "index": i, "logprobs": logprobs,
-                                            "finish_reason": None}]}
+                                            "finish_reason": None, **provenance(chunk)}]}
     finally:
         events.close()  # a reader that stops early stops the generation
 
@@ -172,7 +176,7 @@ def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]]
                   mirostat_tau: float = _S.mirostat_tau, mirostat_eta: float = _S.mirostat_eta, grammar: Any = None,
                   response_format: Any = None, json_schema: Any = None, model: Optional[str] = None, n: int = 1,
                   batcher: Any = None, abandoned: Optional[threading.Event] = None,
-                  tfs_z: float = 1.0) -> Union[Response, Iterator[Response]]:
+                  tfs_z: float = 1.0, sources: Optional[str] = None) -> Union[Response, Iterator[Response]]:
     """llama-server's ``POST /completion`` in its own shape (``content``, ``stop_type``,
     ``timings``...): ``prompt`` is text (tokenized as create_completion tokenizes it), token ids,
     or both mixed as llama-server reads them (``native_tokens``; a list of several strings, which
@@ -183,8 +187,9 @@ def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]]
     own); ``n_probs`` > 0 adds each token's and its best alternatives' log-probabilities;
     ``response_fields`` keeps only those fields (``timings/prompt_n`` lifted to the top, as
     llama.vim asks). A stream is the chunks' text with their tokens, then a last chunk of
-    ``stop: true`` with the totals and no text, as llama-server streams. Sampling arguments:
-    create_completion's (``tfs_z`` does nothing there either)."""
+    ``stop: true`` with the totals and no text, as llama-server streams. Sampling arguments and
+    ``sources``: create_completion's (``tfs_z`` does nothing there either). Each chunk's
+    ``sources`` (beside its tokens) and the reply's say where each token came from."""
     if n != 1:
         raise ConfigError(f"is 1 (one completion a request), got {n}", "n")
     length = n_predict if n_predict is not None else max_tokens if max_tokens is not None else -1
@@ -194,7 +199,7 @@ def create_native(spec: Generator, prompt: Union[str, Sequence[Union[int, str]]]
     shaped = shaping(repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, logit_bias, typical_p)
     opts = {**options(None, temperature, top_p, min_p, top_k, stop, seed, rules, shaped,
                       mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta)),
-            "max_tokens": length, "logprobs": n_probs or None}
+            "max_tokens": length, "logprobs": n_probs or None, "sources": sources}
     if not isinstance(prompt, str):
         if len(prompt) > 1 and all(isinstance(p, str) for p in prompt):  # llama-server's several prompts
             raise ConfigError("a list of strings is several prompts, which are not served: send one a request",
@@ -235,7 +240,8 @@ class _Native:
                 done += len(chunk.tokens)
                 if chunk.text or chunk.tokens:
                     part = {"index": 0, "content": chunk.text, "tokens": list(chunk.tokens), "stop": False,
-                            "id_slot": self.slot, "tokens_predicted": done, "tokens_evaluated": len(self.prompt)}
+                            "id_slot": self.slot, "tokens_predicted": done, "tokens_evaluated": len(self.prompt),
+                            **provenance(chunk)}
                     if chunk.logprobs:
                         part["completion_probabilities"] = _probabilities(self.spec, chunk.logprobs)
                     yield part
@@ -255,7 +261,8 @@ class _Native:
                  "prompt": self.spec.detokenize(self.prompt), "has_new_line": "\n" in result.text,
                  "truncated": result.stop_reason == "context", "stop_type": _stop_type(result),
                  "stopping_word": result.stop_string or "", "tokens_cached": _cached_after(result),
-                 "timings": native_timings(stats)}
+                 "timings": native_timings(stats), "sources": [] if streamed else result.sources,
+                 "draft_sources": draft_sources(stats)}
         if result.logprobs and not streamed:
             reply["completion_probabilities"] = _probabilities(self.spec, result.logprobs)
         return _picked(reply, self.fields) if self.fields is not None else reply
@@ -375,8 +382,8 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
                            grammar: Any = None, logit_bias: Optional[Dict[str, float]] = None,
                            logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None,
                            trim: bool = False, n: int = 1, json_schema: Any = None, batcher: Any = None,
-                           repeat_last_n: int = _S.penalty_last_n,
-                           abandoned: Optional[threading.Event] = None) -> Union[Response, Iterator[Response]]:
+                           repeat_last_n: int = _S.penalty_last_n, abandoned: Optional[threading.Event] = None,
+                           sources: Optional[str] = None) -> Union[Response, Iterator[Response]]:
     """A reply to chat messages, rendered with the model's own chat template, as
     ``llama_cpp.Llama.create_chat_completion`` returns it (``n`` and ``batcher``: as in
     create_completion). A conversation longer than the context raises PromptError, unless
@@ -385,7 +392,8 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
     ``tool_choice``: OpenAI's (see tools.py); a reply with calls has ``tool_calls`` and finish
     reason "tool_calls"; with OpenAI's deprecated ``functions`` and ``function_call`` instead, the
     same calls in their older shapes (``function_call``, finish reason "function_call"; see
-    tools.legacy_tools). ``abandoned``: as in create_completion."""
+    tools.legacy_tools). ``abandoned`` and ``sources``: as in create_completion; each choice's
+    ``sources`` (and each streamed chunk's, with its ``pieces``) say where its tokens came from."""
     legacy = functions is not None or function_call is not None
     tools, tool_choice = _tools(tools, tool_choice, functions, function_call)
     messages = legacy_messages(messages)
@@ -397,6 +405,7 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
                    mirostat(temperature, mirostat_mode, mirostat_tau, mirostat_eta))
     opts["logprobs"] = (top_logprobs or 0) if logprobs else None
     opts["logits_processor"] = logits_processor
+    opts["sources"] = sources
     run = start_chat(spec, messages, tools, tool_choice, opts, trim, n, batcher)
     events, names = run.events, run.names
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model or spec.model_name}
@@ -407,7 +416,8 @@ def create_chat_completion(spec: Generator, messages: Sequence[Dict[str, Any]], 
     replies = [_reply(r.text, names) for r in results]
     response = {**head, "object": "chat.completion",
                 "choices": [{"index": i, "message": replies[i], "logprobs": _chat_logprobs(spec, r.logprobs),
-                             "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r)}
+                             "finish_reason": "tool_calls" if "tool_calls" in replies[i] else finish_reason(r),
+                             "sources": r.sources}
                             for i, r in enumerate(results)], **_totals(results)}
     return legacy_reply(response) if legacy else response
 
@@ -482,17 +492,26 @@ def _chat_chunks(spec: Generator, events: "Events", n: int, head: Response, aban
         for i, chunk, totals in _read(events, n, abandoned):
             deltas, calls[i] = _deltas(readers[i], chunk, calls[i])
             logprobs = _chat_logprobs(spec, chunk.logprobs) if chunk.logprobs else None
-            if logprobs is not None and not deltas:
+            if (logprobs is not None or (chunk.tokens and readers[i] is None)) and not deltas:
                 deltas = [{"content": ""}]
+            origin = provenance(chunk, readers[i] is None)
             for k, delta in enumerate(deltas):
                 yield {**head, "choices": [{"index": i, "delta": delta, "logprobs": None if k else logprobs,
-                                            "finish_reason": None}]}
+                                            "finish_reason": None, **({} if k else origin)}]}
             if chunk.result is not None:
                 reason = "tool_calls" if calls[i] else finish_reason(chunk.result)
                 yield {**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}],
                        **totals}
     finally:
         events.close()  # a reader that stops early stops the generation
+
+
+def provenance(chunk: Chunk, pieces: bool = True) -> Response:
+    """A streamed chunk's extra fields, which OpenAI's clients ignore: ``sources``, where each of
+    its tokens came from ("plain": the target's own choice, else the draft source whose
+    candidate it accepted), and with ``pieces`` the text each token released (joined: the
+    chunk's text, where it is not read for tool calls)."""
+    return {"sources": chunk.sources, "pieces": chunk.pieces} if pieces else {"sources": chunk.sources}
 
 
 def _text_events(reader: Optional[CallReader], chunk: Chunk) -> List[Event]:
@@ -590,7 +609,14 @@ def _totals(results: Sequence[Result]) -> Response:
     prompt, completion = stats.n_prompt, sum(len(r.tokens) for r in results)
     return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                       "prompt_tokens_details": {"cached_tokens": cached(stats)}},
-            "timings": timings(stats)}
+            "timings": timings(stats), "draft_sources": draft_sources(stats)}
+
+
+def draft_sources(stats: Stats) -> Dict[str, Dict[str, int]]:
+    """Each draft source's figures (an extra of the replies): its candidate tokens verified
+    (``drafted``), of those accepted, and the target decodes that verified its candidates."""
+    return {name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+            for name, s in sorted(stats.sources.items())}
 
 
 def cached(stats: Stats) -> int:

@@ -232,7 +232,8 @@ def create_message(spec: Generator, messages: List[Dict[str, Any]], max_tokens: 
     """A reply to a conversation in create_chat_completion's shapes (``chat_arguments``) as
     Anthropic's Messages API gives it: a message, or with ``stream`` its events. ``grammar``:
     the text's constraint (the server's ``--grammar``); ``batcher`` and ``abandoned``: as in
-    create_chat_completion."""
+    create_chat_completion. The message (a stream: its ``message_delta``) has the tokens'
+    ``sources`` (where each came from), an extra beside llama-server's ``timings``."""
     if n != 1:
         raise ConfigError("a message request gives one reply")
     opts = options(max_tokens, temperature, top_p, _S.min_p, top_k, stop, None, grammar)
@@ -256,7 +257,7 @@ def create_message(spec: Generator, messages: List[Dict[str, Any]], max_tokens: 
     assert result is not None
     return {**head, "content": content or [{"type": "text", "text": ""}],
             **_stop(result, any(b["type"] == "tool_use" for b in content)), "usage": _usage(result),
-            "timings": timings(result.stats)}
+            "timings": timings(result.stats), "sources": result.sources}
 
 
 def _events(run: ChatRun, head: Response, abandoned: Optional[threading.Event]) -> Iterator[Response]:
@@ -292,7 +293,8 @@ def _typed(run: ChatRun, head: Response, abandoned: Optional[threading.Event]) -
             index, called = index + 1, True
         else:
             yield {"type": "message_delta", "delta": _stop(value, called),
-                   "usage": {**_usage(value), "output_tokens": len(value.tokens)}, "timings": timings(value.stats)}
+                   "usage": {**_usage(value), "output_tokens": len(value.tokens)}, "timings": timings(value.stats),
+                   "sources": value.sources}
             yield {"type": "message_stop"}
 
 

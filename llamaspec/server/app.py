@@ -12,7 +12,8 @@ Every error is a JSON body ``{"error": {"message", "type", "param", "code"}}`` (
 maps exceptions to status codes in one place); the server never answers bad input with a 500.
 Before a body is read (``guard``), a request from a web page of another origin is refused unless
 ``--cors-origin`` allows it, and a POST must declare its body JSON: a page may send any site's
-server a form or text POST without asking first, never a JSON one.
+server a form or text POST without asking first, never a JSON one. ``GET /`` is the chat page
+(page.py), ``GET /metrics`` the server's counts in Prometheus' format (metrics.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from starlette.requests import ClientDisconnect
 from ..openai import completions
 from . import anthropic, native, responses
 from .events import Events, NativeEvents, OpenAIEvents
+from .metrics import CONTENT_TYPE, Counted, Metrics
+from .page import PAGE_PATHS, page_file
 from ..errors import ConfigError, LlamaspecError, PromptError, RemoteError, VocabMismatchError, shown
 from .schemas import SHAPES, ChatRequest, CompletionRequest
 
@@ -298,9 +301,11 @@ def cors_headers(origin: str, preflight: Optional[Request] = None) -> Dict[str, 
 
 def refusal(request: Request, api_key: Optional[str], json_posts: Set[str]) -> Optional[JSONResponse]:
     """The answer to a request refused before its body is read: 401 without the API key (but on
-    /health), 415 for a POST to a JSON endpoint whose body is not declared JSON; None to serve it."""
+    /health and the chat page's files, which hold no data), 415 for a POST to a JSON endpoint
+    whose body is not declared JSON; None to serve it."""
     path = request.url.path
-    if api_key and path != "/health":  # OpenAI's header, or Anthropic's x-api-key
+    page = request.method == "GET" and path in PAGE_PATHS  # the chat page asks for the key itself
+    if api_key and path != "/health" and not page:  # OpenAI's header, or Anthropic's x-api-key
         if request.headers.get("authorization", "") != f"Bearer {api_key}" \
                 and request.headers.get("x-api-key") != api_key:
             return error(401, "missing or wrong API key (Authorization: Bearer ..., or x-api-key)",
@@ -328,6 +333,7 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
     draining = draining if draining is not None else threading.Event()
     waiting = Queue(queue, batcher.parallel if batcher is not None else 1, draining)
     served = app.state.served = Served(spec, batcher, reload, draining)
+    metrics = app.state.metrics = Metrics()
     errors(app)
 
     @app.exception_handler(RemoteError)
@@ -365,6 +371,16 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
             return JSONResponse({"status": "unavailable", "error": served.down}, status_code=503)
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(waiting.running, waiting.waiting), media_type=CONTENT_TYPE)
+
+    @app.get("/")
+    @app.get("/page/{name}")
+    async def page(name: str = "index.html") -> Response:
+        content, media = page_file(name)
+        return Response(content, media_type=media, headers={"Cache-Control": "no-cache"})
+
     @app.get("/v1/models")
     async def list_models() -> Dict[str, Any]:
         return {"object": "list", "data": [{"id": served.spec.model_name, "object": "model", "created": 0,
@@ -372,7 +388,7 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
 
     async def answer(request: Request, body: Any, create_on: Callable[..., Any], chat: bool,
                      events: Callable[[Any], Events]) -> Any:
-        return await _answer(request, body, create_on, chat, events, waiting, served, grammar, draining)
+        return await _answer(request, body, create_on, chat, events, waiting, served, grammar, draining, metrics)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -449,12 +465,14 @@ def create_app(spec: Any, queue: int = 16, api_key: Optional[str] = None, batche
 
 async def _answer(request: Request, body: Any, create_on: Callable[..., Any], chat: bool,
                   events: Callable[[Any], Events], waiting: Queue, served: Served, grammar: Any,
-                  draining: threading.Event) -> Any:
+                  draining: threading.Event, metrics: Metrics) -> Any:
     """``create_on(spec, **body.arguments())`` when its turn comes: a JSON answer, or with
     ``body.stream`` its chunks as the server-sent ``events(body)`` frames them. ``chat``: the
-    arguments are create_chat_completion's (tools may bring their own grammar)."""
+    arguments are create_chat_completion's (tools may bring their own grammar). ``metrics``
+    counts the request and its generations."""
     served.check()
-    spec, batcher = served.spec, served.batcher
+    spec = Counted(served.spec, metrics)
+    batcher = Counted(served.batcher, metrics) if served.batcher is not None else None
 
     def create(**kw: Any) -> Any:
         return create_on(spec, **kw)
@@ -471,6 +489,7 @@ async def _answer(request: Request, body: Any, create_on: Callable[..., Any], ch
         await run_in_threadpool(lambda: spec.compile_grammar(rules))
     turn = waiting.admit()
     await turn.start()
+    metrics.request()
     if not body.stream:
         try:
             return JSONResponse(await _unless_abandoned(request, draining,

@@ -179,7 +179,7 @@ def props(spec: Any, slots: int) -> Dict[str, Any]:
     return {"default_generation_settings": {"n_ctx": spec.ctx.n_ctx, "params": native_params(DEFAULTS)},
             "total_slots": slots, "model_alias": spec.model_name, "model_path": str(model.path),
             "modalities": {"vision": False, "audio": False}, "endpoint_slots": True, "endpoint_props": False,
-            "endpoint_metrics": False, "chat_template": model.chat_template() or "",
+            "endpoint_metrics": True, "chat_template": model.chat_template() or "",
             "bos_token": _special(model, model.bos), "eos_token": _special(model, model.eos),
             "build_info": build_info(), "llamaspec": drafting(spec)}
 

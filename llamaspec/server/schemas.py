@@ -91,6 +91,8 @@ class Sampling(BaseModel):
     mirostat_mode: int = Field(_S.mirostat, ge=0, le=2)  # llama-cpp-python's
     mirostat_tau: float = _S.mirostat_tau
     mirostat_eta: float = _S.mirostat_eta
+    # llamaspec's: the draft sources this request may use, as --spec names them (auto, none, a list)
+    spec: Optional[str] = None
 
     def sampling(self) -> Dict[str, Any]:
         """The arguments of ``create_completion`` / ``create_chat_completion`` these fields give."""
@@ -101,7 +103,7 @@ class Sampling(BaseModel):
                 "repeat_last_n": self.repeat_last_n, "logit_bias": self.logit_bias, "model": self.model,
                 "response_format": self.response_format, "grammar": self.grammar, "json_schema": self.json_schema,
                 "mirostat_mode": self.mirostat_mode or self.mirostat, "mirostat_tau": self.mirostat_tau,
-                "mirostat_eta": self.mirostat_eta}
+                "mirostat_eta": self.mirostat_eta, "sources": self.spec}
 
 
 class ChatRequest(Sampling):

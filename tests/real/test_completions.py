@@ -24,8 +24,10 @@ def llama(smol):
 def shape(value: Any) -> Any:
     """The keys of a response, recursively (lists by their first element), without values."""
     if isinstance(value, dict):
-        # extras: llama-server's timings, OpenAI's usage.prompt_tokens_details (the cached prefix)
-        return {key: shape(v) for key, v in value.items() if key not in ("timings", "prompt_tokens_details")}
+        # extras: llama-server's timings, OpenAI's usage.prompt_tokens_details (the cached prefix),
+        # llamaspec's provenance (each token's source, a chunk's pieces, each source's counts)
+        return {key: shape(v) for key, v in value.items()
+                if key not in ("timings", "prompt_tokens_details", "sources", "pieces", "draft_sources")}
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return type(value).__name__ if value is not None else None
