@@ -174,7 +174,9 @@ class LaneRows:
     """A decoding lane's part of one decode: its plan, the trie's layout, the KV-cache sequences
     its rows use (its home first), its batch rows, where its output rows start and how many are
     the pending token's and the trie's (``n_trie``) and the window's (``n_window``); ``text`` and
-    ``n_tokens``: the lane's text (its list) and its length when its rows were laid out."""
+    ``n_tokens``: the lane's text (its list) and its length when its rows were laid out.
+    ``share``: its part of the decode's cost, where other lanes' rows shared the decode (see
+    Engine._shares); None where its rows were the decode's only ones."""
 
     lane: Lane
     plan: Plan
@@ -187,6 +189,7 @@ class LaneRows:
     text: List[int]
     n_tokens: int
     t_plan: float = 0.0
+    share: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -509,9 +512,26 @@ class Engine:
                 accepted += len(a.path)
                 settled.append((d, a))
             self.shape.decoded(f.n_rows, accepted, f.verify, f.forgone)
+            self._shares(f)
         finally:
             self._release(f)
         return emitted, settled
+
+    @staticmethod
+    def _shares(f: Flight) -> None:
+        """Each decoding lane's share of the decode (what its rows and the other lanes' cost
+        together, in proportion to its rows) and its own drafting. A lane's plan prices its rows by what they add to the
+        others' (Limits.base_rows); learnt as its cost, those marginal costs would add up to far
+        less than the decode (on a CPU a row's marginal cost is near its average) and make a unit
+        of cost look worth more tokens than the batch reaches, so that no draft would pay. The
+        planner's exchange rate (Planner.rate) learns from these shares: tokens per unit of the
+        whole batch's cost."""
+        if f.verify is None or (len(f.lanes_rows) < 2 and not f.chunks):
+            return
+        rows = sum(len(d.rows) for d in f.lanes_rows)
+        whole = f.verify(rows)
+        for d in f.lanes_rows:
+            d.share = whole * len(d.rows) / rows + d.plan.sunk
 
     def _release(self, f: Flight) -> None:
         """Empty the scratch sequences a decode used and trim the lanes it touched."""
@@ -630,7 +650,7 @@ class Engine:
         greedy tokens at its rows, when it rode; the hidden state and the logits, when read)."""
         outcome, step = settle(d.plan, a.path, a.token, a.window_tokens, d.lane.tokens, d.t_plan, a.logprobs, a.halt,
                                a.read)
-        d.lane.speculator.learn(outcome)
+        d.lane.speculator.learn(outcome, d.share)
         return step
 
     def _trim(self, lanes: Sequence[Lane]) -> None:

@@ -69,8 +69,8 @@ SLOW_FLOOR = 1.0
 class Plan:
     """What to verify this step: ``trie`` (the pending token at its root) holds the first
     ``lengths[c]`` tokens of every ``candidates[c]``; ``window`` rides along when set.
-    ``t_draft`` is the wall time an expensive source spent proposing; ``asked``: whether the
-    sources were asked (see Gate)."""
+    ``t_draft`` is the wall time an expensive source spent proposing, ``sunk`` what it cost in
+    single-token decodes (in ``choice.cost``); ``asked``: whether the sources were asked (see Gate)."""
 
     trie: Trie
     candidates: Tuple[Candidate, ...]
@@ -78,6 +78,7 @@ class Plan:
     window: Optional[Window]
     choice: Choice
     t_draft: float = 0.0
+    sunk: float = 0.0
     idle: Dict[str, str] = field(default_factory=dict)
     asked: bool = True
 
@@ -286,11 +287,14 @@ class Speculator:
         trie = Trie.build(asked.tokens[-1], candidates, choice.lengths)
         return Plan(trie=trie, candidates=tuple(candidates), lengths=choice.lengths,
                     window=asked.window if choice.ride else None, choice=choice,
-                    t_draft=sum(seconds for _, seconds in drafted), idle=asked.idle, asked=asked.asked)
+                    t_draft=sum(seconds for _, seconds in drafted), sunk=sunk, idle=asked.idle, asked=asked.asked)
 
-    def learn(self, outcome: Outcome) -> None:
+    def learn(self, outcome: Outcome, share: Optional[float] = None) -> None:
+        """Every part learns from ``outcome``. ``share``: the step's part of a decode other
+        lanes' rows shared, its drafting included (Engine._shares): what the planner's exchange
+        rate is charged in place of the step's marginal cost."""
         self.model.learn(outcome)
-        self.planner.learn(len(outcome.emitted), outcome.cost, outcome.estimated)
+        self.planner.learn(len(outcome.emitted), outcome.cost if share is None else share, outcome.estimated)
         n = len(outcome.emitted)
 
         def units(seconds: float) -> float:  # wall time in single-token decodes, where the curve has ms

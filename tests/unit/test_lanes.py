@@ -377,3 +377,18 @@ def test_convex_curve_drafts_less_with_more_sequences():
     rates = [[0.8] * 8]
     depths = [sum(planner.choose([cand], rates, None, Limits(8, 32, 100, base_rows=b)).lengths) for b in (0, 3, 7, 12)]
     assert depths[0] > depths[-1] and depths == sorted(depths, reverse=True)
+
+
+def test_lanes_teach_the_planner_the_batch_s_tokens_per_unit_of_its_whole_decode():
+    """Each lane's row is priced by what it adds to the others' (0.2 here), but the planner's
+    exchange rate (Planner.rate) learns tokens per unit of the whole decode: three plain lanes
+    emit 3 tokens a step for a decode of 3 rows (1.4), not for three marginal rows (0.6)."""
+    curve = CostCurve([1.0 + 0.2 * (n - 1) for n in range(1, 33)], 0.0, 1, "cpu")
+    ctx = FakeContext(n_ctx=2048, n_batch=256, sharp=True)
+    sched = scheduler(ctx, 3, costs=CostModel(curve), consensus=False, lookup=False)
+    requests = [Request(fake_prompt(20, k), make_config(max_tokens=400, temperature=0)) for k in range(3)]
+    for r in requests:
+        sched.submit(r)
+    for _ in range(120):  # the prompts read, then plain steps of three rows
+        sched.step()
+    assert sched.planner.rate == pytest.approx(3 / 1.4, rel=0.02)
