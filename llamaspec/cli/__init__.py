@@ -47,7 +47,7 @@ class _OneLineErrors(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
-        warnings.simplefilter("default", LlamaspecWarning)
+        warnings.simplefilter("always", LlamaspecWarning)  # a server logs each request's (a source turned off)
         warnings.showwarning = _show_warning
         try:
             code = super().main(*args, **kwargs)

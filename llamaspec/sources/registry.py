@@ -18,8 +18,10 @@ them but what they declare.
     shadowed_by, joins, reads_references, alone_flag, fixed_flag   (see Plugin)
 
 Plugins are found in this package (``default_registry``), in other installed packages through
-the ``llamaspec.sources`` entry-point group, and in modules a user names (``--source``,
-``load(sources=...)``): ``installed_registry`` and ``Registry.with_``. A source is built for one
+the ``llamaspec.sources`` entry-point group (``installed_plugins``: loaded once, when first
+needed, each failing alone; ``LLAMASPEC_DISABLE_PLUGINS`` turns them off), and in modules a user
+names (``--source``, ``load(sources=...)``): ``installed_registry``. What a plugin declares is
+checked when a registry takes it (``checked``); ``listing`` is what ``llamaspec sources`` shows. A source is built for one
 generation (one text, or one lane of several) from what a LlamaSpec holds for it (``Setup``)
 and what the generation carries (``TextContext``).
 """
@@ -486,7 +488,7 @@ def installed(base: Registry, extra: Sequence[Any] = ()) -> Registry:
     then ``extra`` (plugins, modules, module names or files the user names: one named like an
     installed package's is kept in its place, with a warning; one named like a built-in source
     is a ConfigError)."""
-    named = [plugin_of(e) for e in extra]
+    named = [p if p.origin else dataclasses.replace(p, origin="given in Python") for p in map(plugin_of, extra)]
     found = []
     for p in installed_plugins(base.names):
         mine = [q for q in named if q.name == p.name]
