@@ -31,8 +31,8 @@ def test_generate_json_from_file_and_stdin(smol, tmp_path):
     from_stdin = run("generate", "-m", smol, "-n", "8", "--temp", "0", "--json", input=f.read_text())
     assert from_file.exit_code == 0, from_file.stderr
     data = json.loads(from_file.stdout)
-    assert set(data) == {"text", "tokens", "stop_reason", "stats"}
-    assert len(data["tokens"]) <= 8 and data["stats"]["n_predict"] >= len(data["tokens"])
+    assert set(data) == {"text", "tokens", "sources", "stop_reason", "stats"}
+    assert len(data["tokens"]) <= 8 and len(data["sources"]) == len(data["tokens"]) and data["stats"]["n_predict"] >= len(data["tokens"])
     assert json.loads(from_stdin.stdout)["text"] == data["text"]
 
 

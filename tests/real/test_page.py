@@ -110,13 +110,24 @@ def test_the_page_asks_for_the_key_streams_coloured_replies_and_keeps_the_chat(b
     assert not browser.find_elements(By.CSS_SELECTOR, ".message")
 
 
-def test_shift_enter_starts_a_new_line_and_the_page_files_need_no_key(browser, keyed):
+def test_shift_enter_starts_a_new_line_stop_ends_a_reply_and_the_page_files_need_no_key(browser, keyed):
     browser.get(keyed.url + "/")
     box = browser.find_element(By.ID, "prompt")
     box.send_keys("one")
     webdriver.ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
     box.send_keys("two")
     assert box.get_attribute("value") == "one\ntwo" and not answers(browser)
+    box.clear()
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "key-form").is_displayed())
+    browser.find_element(By.ID, "api-key").send_keys(KEY + "\n")
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "model").text)
+    browser.find_element(By.ID, "max-tokens").clear()
+    browser.find_element(By.ID, "max-tokens").send_keys("2000")
+    box.send_keys("Write a very long story about a cat who sails around the world.\n")
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".message.assistant .tok"))
+    browser.find_element(By.ID, "stop").click()
+    WebDriverWait(browser, 60).until(lambda d: answers(d)[0].get_attribute("data-done") == "stopped")
+    assert browser.find_element(By.ID, "send").is_enabled() and not browser.find_element(By.ID, "stop").is_enabled()
     for path in ("/page/chat.js", "/page/chat.css"):
         assert browser.execute_script(f"return fetch('{path}').then(r => r.status)") == 200
     assert keyed.get("/metrics")[0] == 401  # the figures are guarded like the API

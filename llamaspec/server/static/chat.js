@@ -88,7 +88,8 @@
 
   async function send(text) {
     showError("");
-    messages.push({role: "user", content: text});
+    const conversation = messages;  // New chat replaces it: a reply stopped so does not leak into the next
+    conversation.push({role: "user", content: text});
     const asked = addMessage("user", text);
     const answer = addMessage("assistant", "");
     const body = answer.querySelector(".text");
@@ -130,7 +131,7 @@
     };
     controller = new AbortController();
     setBusy(true);
-    const request = {messages, stream: true, temperature: Number($("temperature").value),
+    const request = {messages: conversation, stream: true, temperature: Number($("temperature").value),
                      max_tokens: Number($("max-tokens").value) || null, spec: $("spec").value.trim() || "auto"};
     let sent = false;
     try {
@@ -138,7 +139,7 @@
                                                             body: JSON.stringify(request), signal: controller.signal});
       if (!response.ok) {  // nothing was said: the question goes back to the box
         await failure(response);
-        messages.pop();
+        conversation.pop();
         asked.remove();
         answer.remove();
         $("prompt").value = text;
@@ -166,7 +167,7 @@
       if (e.name === "AbortError") answer.dataset.done = "stopped";
       else showError(String(e));
     } finally {
-      if (sent) messages.push({role: "assistant", content});
+      if (sent) conversation.push({role: "assistant", content});
       controller = null;
       setBusy(false);
     }
