@@ -50,6 +50,19 @@ def test_results_and_chunks_say_where_each_token_came_from(smol_auto, smol_plain
         smol_auto.generate(prompt, max_tokens=4, sources="lookup,heads")
 
 
+def test_a_batcher_s_requests_choose_their_sources_too(smol_auto):
+    prompt = chatml(REPEAT)
+    with smol_auto.batcher(2) as batcher:
+        with pytest.raises(ConfigError, match=r"^spec: 'nosuch' is not a draft source"):
+            batcher.sample_stream(prompt, 1, max_tokens=4, sources="nosuch")
+        stream = batcher.sample_stream(prompt, 1, max_tokens=24, temperature=0, sources="none")
+        for _ in stream:
+            pass
+        result = stream.results[0]
+    assert set(result.sources) == {PLAIN} and len(result.sources) == len(result.tokens)
+    assert result.stats.sources == {}
+
+
 def test_generate_json_gives_the_sources(smol):
     out = run("generate", "-m", smol, "-t", str(THREADS), "-c", "2048", "--temp", "0", "-n", "40", "--json",
               "--color-sources", "-p", chatml(REPEAT))
