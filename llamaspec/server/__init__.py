@@ -1,7 +1,8 @@
 """``llamaspec serve``: an OpenAI-compatible HTTP server over one LlamaSpec.
 
 Needs the optional extra ``llamaspec[server]`` (FastAPI, uvicorn). ``app.py`` holds the routes,
-the request queue and the error mapping; ``schemas.py`` the request bodies.
+the request queue and the error mapping; ``schemas.py`` the request bodies; ``page.py`` and
+``static/`` the chat page at ``/``; ``metrics.py`` the Prometheus counts at ``/metrics``.
 """
 
 from __future__ import annotations
