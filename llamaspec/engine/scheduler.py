@@ -22,6 +22,7 @@ import contextlib
 import queue
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Deque, Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -31,9 +32,9 @@ import numpy as np
 from ..planning.acceptance_model import AcceptanceModel
 from ..sources.base import Source
 from ..config import GenerationConfig
-from ..errors import ConfigError, LlamaspecError, RemoteError, StreamClosedError
+from ..errors import ConfigError, LlamaspecError, LlamaspecWarning, RemoteError, StreamClosedError
 from ..constraints import Constraint, GrammarVocabulary, constraint_of
-from ..sources.registry import Group, TextContext
+from ..sources.registry import Group, TextContext, described
 from .generation import Chunk, Collector, Result, Vocabulary, seed_of
 from .engine import Engine
 from ..planning.planner import Planner
@@ -395,6 +396,9 @@ class Scheduler:
                 source.finish(self.engine.lanes[sample.lane].tokens)
             except LlamaspecError as e:  # the text is complete: report, do not lose it
                 result.warnings.append(str(e))
+            except Exception as e:  # a plugin's bug costs it alone, as when it proposes (speculator.py)
+                warnings.warn(f"the {source.name} draft source failed at the end of the text: {described(e)}",
+                              LlamaspecWarning, stacklevel=2)
         request = sample.request
         request.results[sample.index] = result
         if self.exclusive:  # the lane's text is this one's now: only its speculator may go on with it

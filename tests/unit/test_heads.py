@@ -478,7 +478,7 @@ class Slow(HeadsSource):
         end = time.perf_counter() + self.ms / 1000
         while time.perf_counter() < end:
             pass
-        token = len(tokens) if self.right else -1
+        token = len(tokens) if self.right else len(tokens) + 1  # the next token is the length
         return Proposal((Candidate((token,), "heads", (Guess(1, 9),)),))
 
     def learn(self, outcome):

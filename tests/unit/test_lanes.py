@@ -17,7 +17,7 @@ from llamaspec.config import SamplingConfig
 from llamaspec.sources.draft_model import DraftModelSource, DraftSequences
 from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, evidence
 from llamaspec.planning.costs import CostCurve, CostModel
-from llamaspec.errors import ConfigError
+from llamaspec.errors import ConfigError, LlamaspecWarning
 from llamaspec.engine.generation import make_config
 from llamaspec.engine.engine import Engine
 from llamaspec.sources.lookahead import LookaheadSource
@@ -392,3 +392,14 @@ def test_lanes_teach_the_planner_the_batch_s_tokens_per_unit_of_its_whole_decode
     for _ in range(120):  # the prompts read, then plain steps of three rows
         sched.step()
     assert sched.planner.rate == pytest.approx(3 / 1.4, rel=0.02)
+
+
+def test_a_source_failing_at_the_end_of_its_text_costs_the_text_nothing():
+    class Broken(LookupSource):
+        def finish(self, tokens):
+            raise RuntimeError("disk full")
+
+    config = make_config(max_tokens=12, temperature=0)
+    with pytest.warns(LlamaspecWarning, match="lookup draft source failed at the end of the text: RuntimeError: disk full"):
+        text = alone(fake_prompt(20, 4), config, sources=[Broken()])
+    assert text == alone(fake_prompt(20, 4), config)
