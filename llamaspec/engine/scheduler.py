@@ -345,7 +345,8 @@ class Scheduler:
         asked = request.config.sources
         chosen = self.choose(asked) if asked is not None else None
         return [Speculator([s for s in self.sources(TextContext(lane, group=group, sample=i, constraint=constraints[i]))
-                            if chosen is None or s.name in chosen], self.model, self.planner, self.vocab.eog_tokens)
+                            if chosen is None or s.name in chosen], self.model, self.planner, self.vocab.eog_tokens,
+                           self.vocab.n_vocab)
                 for i, lane in enumerate(lanes)]
 
     def _continues(self, request: Request) -> bool:

@@ -108,14 +108,17 @@ class StepProposals:
 class Speculator:
     """The sources, the acceptance model and the planner, for one text at a time. ``ends``:
     the tokens that end a generation; no candidate goes on past one (nothing after it is ever
-    emitted: a prompt's ``.<|im_end|>\\n<|im_start|>`` is a copy worth one token at most)."""
+    emitted: a prompt's ``.<|im_end|>\\n<|im_start|>`` is a copy worth one token at most).
+    ``n_vocab``: the target's vocabulary size, where known: a candidate token at or past it is
+    no token id (a source proposing one is turned off)."""
 
     def __init__(self, sources: Sequence[Source], model: AcceptanceModel, planner: Planner,
-                 ends: FrozenSet[int] = frozenset()) -> None:
+                 ends: FrozenSet[int] = frozenset(), n_vocab: Optional[int] = None) -> None:
         self.sources = list(sources)
         self.model = model
         self.planner = planner
         self.ends = ends
+        self.n_vocab = n_vocab
         self.gate = Gate()
         # a source whose proposing takes time of its own has a gate of its own (Source.own_gate)
         self.own_gates = {source.name: Gate() for source in self.sources if source.own_gate}
@@ -245,7 +248,8 @@ class Speculator:
             if not isinstance(cand, Candidate) or cand.source != source.name:
                 raise ValueError(f"proposed {cand!r:.80}, not a Candidate of its own")
             for token in cand.tokens:
-                if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or token < 0:
+                if not isinstance(token, (int, np.integer)) or isinstance(token, bool) or token < 0 or \
+                        (self.n_vocab is not None and token >= self.n_vocab):
                     raise ValueError(f"proposed {token!r:.40}, which is no token id")
         return proposal
 

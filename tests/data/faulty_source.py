@@ -1,6 +1,7 @@
 """A draft source that goes wrong on purpose, for tests: it proposes the text's last two tokens
 again (a copy the target sometimes takes), then, from its ``--faulty-after``-th ask on, does what
-``--faulty-mode`` says: raise, return a list or a candidate of no token id, give evidence it
+``--faulty-mode`` says: raise, return a list or a candidate of no token id (negative, or past
+the vocabulary), give evidence it
 declares no prior for, raise in learn, or take seconds to answer."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 from llamaspec import Candidate, Option, Plugin, Proposal, Source
 
-MODES = ("raise", "list", "token", "evidence", "learn", "slow")
+MODES = ("raise", "list", "token", "vocab", "evidence", "learn", "slow")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class Faulty(Source):
             return [again]
         if mode == "token":
             return Proposal((Candidate((again[0], -7), self.name, ("again", "again")),))
+        if mode == "vocab":  # past any vocabulary's end
+            return Proposal((Candidate((again[0], 10_000_000), self.name, ("again", "again")),))
         if mode == "evidence":
             return Proposal((Candidate(again, self.name, ("undeclared",) * len(again)),))
         if mode == "slow":

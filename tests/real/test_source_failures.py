@@ -35,6 +35,7 @@ def plain(smol_plain):
     ("raise", "RuntimeError: the faulty source broke"),
     ("list", "ValueError: proposed a list, not a Proposal"),
     ("token", "ValueError: proposed -7, which is no token id"),
+    ("vocab", "ValueError: proposed 10000000, which is no token id"),
     ("evidence", "UnknownEvidence: \"the faulty source gave evidence 'undeclared', which it declares no prior for\""),
     ("learn", "KeyError: \"the faulty source's learning broke\""),
     ("slow", "one ask took 3.0 s, over 100 decodes of the target"),  # (or 3.1 s: a busy machine)
