@@ -21,6 +21,8 @@ medians over runs of:
   included);
 - TTFT: from sending a request to its first streamed token; p50/p95 latency of whole requests;
 - per-request decode t/s: tokens after the first over the time after the first;
+- prompt tokens read a round (``timings.prompt_n``: the rest of each prompt came from the
+  server's cache);
 - outside: for llamaspec, the share of its requests' decoding time the target spent outside
   llama_decode (``timings.llama_ms``; llama-server reports none).
 """
@@ -51,6 +53,7 @@ class Answer:
     latency: float  # seconds to the end of the stream
     llama_ms: Optional[float]  # llamaspec: the target's time in llama_decode while it decoded
     predicted_ms: Optional[float]
+    prompt_n: Optional[int]  # prompt tokens the server read (the rest came from its cache)
 
     @property
     def decode_tps(self) -> float:
@@ -102,7 +105,7 @@ def one_round(url: str, suite: Sequence, clients: int, n_predict: int, stagger: 
             text, tokens, ttft, latency, timings = ask(url, prompt.messages, n_predict)
             with lock:
                 answers.append(Answer(prompt.name, text, tokens, ttft, latency, timings.get("llama_ms"),
-                                      timings.get("predicted_ms")))
+                                      timings.get("predicted_ms"), timings.get("prompt_n")))
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     t0 = time.perf_counter()
@@ -201,8 +204,8 @@ def main() -> None:
     print(f"\n{len(suite)} prompts per client ({', '.join(p.name for p in suite)}), {args.n_predict} tokens, "
           f"greedy, streamed, clients {args.stagger} s apart; medians of {args.runs} runs")
     print("| clients | server | aggregate t/s | runs | TTFT p50 s | latency p50 s | latency p95 s "
-          "| decode t/s per request | outside llama_decode | same text as the first |")
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|---|")
+          "| decode t/s per request | prompt tokens read a round | outside llama_decode | same text as the first |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for n in counts:
         first: Dict[str, str] = {a.prompt: a.text for a in results[(n, servers[0].name)][0][1]}
         for server in servers:
@@ -211,10 +214,11 @@ def main() -> None:
             answers = [a for _, ans in rounds for a in ans]
             shares = [1 - a.llama_ms / a.predicted_ms for a in answers if a.llama_ms is not None and a.predicted_ms]
             same = sum(first.get(a.prompt) == a.text for a in rounds[0][1])
+            read = statistics.median([sum(a.prompt_n or 0 for a in ans) for _, ans in rounds])
             print(f"| {n} | {server.name} | {statistics.median(rates):.2f} | {', '.join(f'{r:.1f}' for r in rates)} "
                   f"| {pct([a.ttft for a in answers], 0.5):.2f} | {pct([a.latency for a in answers], 0.5):.2f} "
                   f"| {pct([a.latency for a in answers], 0.95):.2f} "
-                  f"| {statistics.median([a.decode_tps for a in answers]):.2f} "
+                  f"| {statistics.median([a.decode_tps for a in answers]):.2f} | {read:.0f} "
                   f"| {f'{statistics.median(shares):.1%}' if shares else '-'} | {same}/{len(rounds[0][1])} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

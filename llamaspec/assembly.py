@@ -194,7 +194,10 @@ class Assembly:
         assert self.ctx is not None
         cfg, n_ctx = self.target_config, self.ctx.n_ctx
         # every lane's share, and room for one batch of branch rows on top of them
-        ctx = self.model.context(n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch, parallel + self.scratch)
+        # as many texts as lanes saved for later prompts that start alike, where sequences are left
+        saved = max(0, min(parallel, max_sequences() - parallel - self.scratch))
+        ctx = self.model.context(n_ctx * parallel + cfg.n_batch, cfg.threads, cfg.n_batch,
+                                 parallel + self.scratch + saved)
         ctx.hidden_states = self.hidden
         closing: List[Any] = [ctx]
         try:
@@ -209,7 +212,7 @@ class Assembly:
             raise
         setups = {n: replace(s, loaded=copies.get(n, s.loaded)) for n, s in self.setups.items()}
         planner = self.planner(self.costs.fresh())  # learns this batch's timings, not ours
-        scheduler = Scheduler(Engine(ctx, parallel, overlap=queues_decodes(self.model)), self.model,
+        scheduler = Scheduler(Engine(ctx, parallel, overlap=queues_decodes(self.model), n_saved=saved), self.model,
                               self.sources_for(setups), planner, n_ctx * parallel, n_ctx, self.acceptance_model(),
                               grammars=self.grammars, choose=self.chosen)
         return Batcher(scheduler, closing, tokens_of, self.spec_name)

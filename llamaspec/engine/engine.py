@@ -82,6 +82,8 @@ from .target import Processor, Target, walk
 # Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
 # delays them by a fraction of a second, not by its whole evaluation).
 PREFILL_CHUNK = 64
+# The shortest text a lane leaves behind that is saved for a later prompt (Engine._save).
+MIN_SAVED = 32
 # Prompt tokens read per decode with a row of logits each (echo with log-probabilities): 64 rows
 # of a 152k vocabulary are 39 MB of logits.
 ECHO_CHUNK = 64
@@ -266,12 +268,18 @@ class Engine:
     """A target context whose first ``n_lanes`` sequences are lanes; the rest are scratch.
     ``overlap``: each step queues the next decode before it returns (see ``step``)."""
 
-    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES, overlap: bool = False) -> None:
-        if n_lanes > target.n_seq_max:
-            raise DecodeError(f"{n_lanes} lanes need {n_lanes} KV-cache sequences, the context has {target.n_seq_max}")
+    def __init__(self, target: Context, n_lanes: int, max_leaves: int = MAX_LEAVES, overlap: bool = False,
+                 n_saved: int = 0) -> None:
+        if n_lanes + n_saved > target.n_seq_max:
+            raise DecodeError(f"{n_lanes} lanes and {n_saved} saved texts need {n_lanes + n_saved} KV-cache "
+                              f"sequences, the context has {target.n_seq_max}")
         self.target = target
         self.lanes = [Lane(i) for i in range(n_lanes)]
-        self.scratch = list(range(n_lanes, target.n_seq_max))
+        self.scratch = list(range(n_lanes, target.n_seq_max - n_saved))
+        # texts lanes left behind, kept on sequences of their own (the last ones) for a later prompt
+        # that starts alike, least recently used first: (sequence, its tokens)
+        self.saved: List[Tuple[int, List[int]]] = []
+        self._unsaved = list(range(target.n_seq_max - n_saved, target.n_seq_max))
         self.max_leaves = max_leaves
         self._turn = 0  # which lane plans first (turns rotate, so no lane always gets the rows left over)
         self.shape = Shape()  # the last decode's row count, kept while that pays (a GPU's graphs)
@@ -307,6 +315,13 @@ class Engine:
         check_prompt(len(prompt), limit)
         first = self.lanes[lanes[0]]
         keep = 0 if echo else min(common_prefix(first.cached, prompt), len(prompt) - 1)
+        held, n = self._held(first, prompt, keep) if not echo else (None, keep)
+        for i, index in enumerate(lanes):  # what their homes hold and would lose, kept for later prompts
+            self._save(self.lanes[index], keep if i == 0 else 0, held)
+        if held is not None:  # the cells of another lane's or a saved text's prefix, not read again
+            self.target.seq_rm(first.home, -1, -1)
+            self.target.seq_cp(held, first.home, 0, n)
+            first.cached, keep = list(prompt[:n]), n
         for i, index in enumerate(lanes):
             lane = self.lanes[index]
             if lane.state != "idle":
@@ -324,6 +339,51 @@ class Engine:
             lane.logprobs = logprobs
             lane.echoed = [] if echo and i == 0 else None
         return len(prompt) - keep
+
+    def _held(self, first: Lane, prompt: Sequence[int], keep: int) -> Tuple[Optional[int], int]:
+        """The sequence holding more of ``prompt`` than ``first``'s home (``keep`` tokens): another
+        lane's home (busy or not: a prompt another client sent a moment ago) or a saved text's,
+        and how much of it; (None, keep) where none does. The cache is unified: ``first``'s home
+        may take those cells (seq_cp adds a sequence id to cells; nothing is copied or read again)."""
+        best, n = None, keep
+        for seq, text in [(ln.home, ln.cached) for ln in self.lanes if ln is not first] + self.saved:
+            m = min(common_prefix(text, prompt), len(prompt) - 1)
+            if m > n:
+                best, n = seq, m
+        self.saved.sort(key=lambda saved: saved[0] == best)  # used now: the last to go
+        return best, n
+
+    def _save(self, ln: Lane, keep: int, spare: Optional[int]) -> None:
+        """``ln``'s home is to keep only ``keep`` tokens of its text: the text is saved on a
+        sequence of its own (evicting the least recently used but ``spare``), unless a lane or a
+        saved text holds it already or no sequence is free for it. Saved texts give their cells
+        back as lanes need them (``_room``)."""
+        text = ln.cached
+        if keep >= len(text) or len(text) < MIN_SAVED:
+            return
+        if any(common_prefix(t, text) == len(text) for t in [o.cached for o in self.lanes if o is not ln] +
+               [t for _, t in self.saved]):
+            return
+        if self._unsaved:
+            seq = self._unsaved.pop()
+        elif any(s != spare for s, _ in self.saved):
+            seq = self._evict(next(i for i, (s, _) in enumerate(self.saved) if s != spare))
+        else:
+            return
+        self.target.seq_cp(ln.home, seq, 0, len(text))
+        self.saved.append((seq, list(text)))
+
+    def _evict(self, i: int = 0) -> int:
+        """Drop saved text ``i`` (the least recently used by default); its sequence."""
+        seq, _ = self.saved.pop(i)
+        self.target.seq_rm(seq, -1, -1)
+        return seq
+
+    def _room(self, rows: int) -> None:
+        """Saved texts give their cells back (least recently used first) until ``rows`` more fit
+        in the cache however many of the cells lanes and saved texts share."""
+        while self.saved and self._cells() + rows > self.target.n_ctx:
+            self._unsaved.append(self._evict())
 
     def stop(self, lane: int, keep: Optional[int] = None) -> None:
         """Lane ``lane`` leaves the batch, its text cut to ``keep`` tokens (its home keeps what it
@@ -467,6 +527,7 @@ class Engine:
             f.busy = target.t_llama
             f.read_hidden = target.hidden_states and bool(f.lanes_rows)  # a source reads them: verified rows' only
             f.n_rows, f.n_out = len(rows), n_out
+            self._room(len(rows))
             target.decode_rows(rows, hidden=f.read_hidden, wait=not self.overlap)
         except BaseException:
             self._release(f)
@@ -560,8 +621,9 @@ class Engine:
         rows += [BatchRow(rows[-1].token, i, (seq,), True) for i in range(padding)]
 
     def _cells(self) -> int:
-        """KV cells the lanes' homes hold at most (cells shared by a group's lanes counted for each)."""
-        return sum(len(ln.cached) for ln in self.lanes)
+        """KV cells the lanes' homes and the saved texts hold at most (a cell they share counted
+        for each)."""
+        return sum(len(ln.cached) for ln in self.lanes) + sum(len(t) for _, t in self.saved)
 
     def _lay_out(self, ln: Lane, plan: Plan, free: List[int], out: int) -> "LaneRows":
         """A decoding lane's rows: its pending token, its trie and, when enough of the ``free``

@@ -403,3 +403,50 @@ def test_a_source_failing_at_the_end_of_its_text_costs_the_text_nothing():
     with pytest.warns(LlamaspecWarning, match="lookup draft source failed at the end of the text: RuntimeError: disk full"):
         text = alone(fake_prompt(20, 4), config, sources=[Broken()])
     assert text == alone(fake_prompt(20, 4), config)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_prompt_another_lane_holds_is_shared_not_read_again(overlap):
+    """Lane 0 decodes after prompt P; a request for P and more goes to lane 1, whose home takes
+    lane 0's cells of P (nothing read again) and reads only the rest; both texts are as alone,
+    and every home holds exactly its text at every step, after lane 0's text ends too."""
+    ctx = FakeContext(n_ctx=2048, n_batch=256, sharp=True)
+    sched = scheduler(ctx, 2, consensus=False, overlap=overlap)
+    config = make_config(max_tokens=30, temperature=0)
+    shared = fake_prompt(60, 7)
+    first = Request(shared, config)
+    sched.submit(first)
+    for _ in range(3):
+        sched.step()
+        check_lanes(ctx, sched.engine)
+    longer = shared + fake_prompt(5, 8)
+    second = Request(longer, config)
+    run_all(sched, [second], ctx)
+    while sched.busy:
+        sched.step()
+        check_lanes(ctx, sched.engine)
+    assert second.results[0].stats.n_prompt_eval == len(longer) - len(shared)
+    assert first.results[0].tokens == alone(shared, config, [LookupSource()])
+    assert second.results[0].tokens == alone(longer, config, [LookupSource()])
+
+
+def test_a_text_a_lane_left_is_saved_for_a_later_prompt_and_evicted_for_room():
+    """One lane, one saved text: P's text is saved when Q takes the lane, and P continued reads
+    only what it adds; its saved cells are what they were; a saved text gives its cells back when
+    the lanes need them."""
+    ctx = FakeContext(n_ctx=2048, n_batch=256, sharp=True)
+    engine = Engine(ctx, 1, n_saved=1)
+    sched = Scheduler(engine, FakeModel(), lambda text: [LookupSource()], Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
+    config = make_config(max_tokens=20, temperature=0)
+    p, q = fake_prompt(60, 7), fake_prompt(50, 9)
+    first = Request(p, config)
+    run_all(sched, [first], ctx)
+    run_all(sched, [Request(q, config)], ctx)
+    (seq, text), = engine.saved
+    assert text == p + first.results[0].tokens[:-1] and ctx.cells(seq) == text
+    again = Request(p + first.results[0].tokens + fake_prompt(4, 10), config)
+    run_all(sched, [again], ctx)
+    assert again.results[0].stats.n_prompt_eval == 1 + 4  # the saved text lacks its pending token
+    assert again.results[0].tokens == alone(again.prompt, config, [LookupSource()])
+    engine._room(ctx.n_ctx)  # no room left beside the lanes: the saved text goes
+    assert not engine.saved and not ctx.cells(seq)
