@@ -136,7 +136,7 @@ def test_fields_of_the_wrong_type_are_refused_by_pydantic(fields, where):
 
 def result(stop_reason="stop", tokens=3):
     stats = SimpleNamespace(n_prompt=10, n_prompt_eval=4, t_prompt=0.1, prompt_tps=1.0, n_predict=tokens, t_decode=0.1,
-                            decode_tps=1.0, n_drafted=0, n_accept=0)
+                            decode_tps=1.0, n_drafted=0, n_accept=0, t_llama=0.05)
     return SimpleNamespace(stop_reason=stop_reason, tokens=[1] * tokens, stats=stats)
 
 
