@@ -316,6 +316,8 @@ class Engine:
         first = self.lanes[lanes[0]]
         keep = 0 if echo else min(common_prefix(first.cached, prompt), len(prompt) - 1)
         held, n = self._held(first, prompt, keep) if not echo else (None, keep)
+        if held is not None:
+            self.saved.sort(key=lambda saved: saved[0] == held)  # used now: the last to go
         for i, index in enumerate(lanes):  # what their homes hold and would lose, kept for later prompts
             self._save(self.lanes[index], keep if i == 0 else 0, held)
         if held is not None:  # the cells of another lane's or a saved text's prefix, not read again
@@ -350,7 +352,6 @@ class Engine:
             m = min(common_prefix(text, prompt), len(prompt) - 1)
             if m > n:
                 best, n = seq, m
-        self.saved.sort(key=lambda saved: saved[0] == best)  # used now: the last to go
         return best, n
 
     def _save(self, ln: Lane, keep: int, spare: Optional[int]) -> None:

@@ -27,20 +27,27 @@ def read(stream):
     return stream.results
 
 
-def test_six_threads_on_four_lanes_answer_as_alone(smol_batched, reference):
-    spec, batcher = smol_batched
-    prompts = [spec.tokenize(p) for p in PROMPTS] * 2
-    alone = [spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts[:3]] * 2
+def ask_together(batcher, prompts, max_tokens, stagger=0.0):
+    """Each prompt's results, asked from a thread of its own, request i ``stagger * i`` seconds in."""
     results = [None] * len(prompts)
 
     def ask(i):
-        results[i] = read(batcher.sample_stream(prompts[i], max_tokens=40, temperature=0))
+        time.sleep(stagger * i)
+        results[i] = read(batcher.sample_stream(prompts[i], max_tokens=max_tokens, temperature=0))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
+    return results
+
+
+def test_six_threads_on_four_lanes_answer_as_alone(smol_batched, reference):
+    spec, batcher = smol_batched
+    prompts = [spec.tokenize(p) for p in PROMPTS] * 2
+    alone = [spec.generate(p, max_tokens=40, temperature=0).tokens for p in prompts[:3]] * 2
+    results = ask_together(batcher, prompts, 40)
     for i, (p, r, expected) in enumerate(zip(prompts, results, alone)):
         assert r is not None and len(r) == 1 and r[0].stop_reason in ("length", "stop"), i
         assert_as_alone(reference(SMOL), p, r[0].tokens, expected, f"request {i}")
@@ -131,17 +138,7 @@ def test_requests_arriving_at_different_times_answer_as_alone(smol_batched, refe
     long_prompt = spec.tokenize(PROMPTS[2] + " Then explain each correction." * 40)
     prompts = [spec.tokenize(PROMPTS[0]), long_prompt, spec.tokenize(PROMPTS[1]), spec.tokenize(PROMPTS[2])]
     alone = [spec.generate(p, max_tokens=30, temperature=0).tokens for p in prompts]
-    results = [None] * len(prompts)
-
-    def ask(i):
-        time.sleep(0.15 * i)  # each joins a batch already decoding
-        results[i] = read(batcher.sample_stream(prompts[i], max_tokens=30, temperature=0))
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    results = ask_together(batcher, prompts, 30, stagger=0.15)  # each joins a batch already decoding
     for i, (p, r, expected) in enumerate(zip(prompts, results, alone)):
         assert r is not None and r[0].stop_reason in ("length", "stop"), i
         assert_as_alone(reference(SMOL), p, r[0].tokens, expected, f"request {i}")
