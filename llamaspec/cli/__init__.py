@@ -2,10 +2,10 @@
 
     options.py      every option, named as in llama.cpp's programs (the draft sources' generated
                     from their plugins), and what turns them into the library's arguments
-    generation.py   generate, chat, serve
+    run.py          generate, chat, serve
     manage.py       models, lookup (n-gram cache files), bench, profile, agreement, compare
     sources.py      sources (the draft sources installed, where from, their options)
-    agent.py        agent-bench (a recorded agent conversation replayed against a server)
+    agent_bench.py  agent-bench (a recorded agent conversation replayed against a server)
     repl.py         the terminal chat of ``llamaspec chat``
 
 Every user error is one line on stderr and a non-zero exit code. A command's module is imported
@@ -25,11 +25,11 @@ import click
 from ..errors import LlamaspecError, LlamaspecWarning
 
 # each command: its module and the name of the command in it, imported when it is asked for
-COMMANDS = {"generate": ("generation", "generate"), "chat": ("generation", "chat"), "serve": ("generation", "serve"),
+COMMANDS = {"generate": ("run", "generate"), "chat": ("run", "chat"), "serve": ("run", "serve"),
             "models": ("manage", "models_group"), "lookup": ("manage", "lookup_group"), "heads": ("manage", "heads_group"),
             "bench": ("manage", "bench_command"), "profile": ("manage", "profile_command"),
             "agreement": ("manage", "agreement_command"), "compare": ("manage", "compare_command"),
-            "sources": ("sources", "sources_command"), "agent-bench": ("agent", "agent_bench")}
+            "sources": ("sources", "sources_command"), "agent-bench": ("agent_bench", "agent_bench")}
 
 
 class _OneLineErrors(click.Group):
