@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from llamaspec import Budget, Candidate, Option, Plugin, Proposal, SamplingConfig, Source
+from llamaspec import Budget, Candidate, Hooks, Option, Plugin, Proposal, SamplingConfig, Source
 from llamaspec.config import MAX_TEXT_BYTES, check, check_readable
 
 
@@ -71,20 +71,28 @@ class PhraseSource(Source):
         return best
 
 
-def read(config: PhrasesConfig) -> Optional[str]:
-    """Before any model loads: the phrase file, read (a missing file is one line of error)."""
-    if config.file is None:
-        return None
-    check_readable(config.file, MAX_TEXT_BYTES, "phrase file")
-    with open(config.file, encoding="utf-8") as f:
-        return f.read()
+class PhrasesHooks(Hooks):
+    """What the source does before it is built for a text: the file read, then tokenized."""
 
+    loads = "a phrase file (--phrases)"
 
-def load(config: PhrasesConfig, resources, text: str) -> List[Tuple[int, ...]]:
-    """Once the target is loaded: each phrase in its tokens, as it stands after a space."""
-    model = resources.target
-    return [tuple(model.tokenize(" " + line.strip(), add_special=False, parse_special=False))
-            for line in text.splitlines() if line.strip()]
+    def check(self, config: PhrasesConfig) -> Optional[str]:
+        """Before any model loads: the phrase file, read (a missing file is one line of error)."""
+        if config.file is None:
+            return None
+        check_readable(config.file, MAX_TEXT_BYTES, "phrase file")
+        with open(config.file, encoding="utf-8") as f:
+            return f.read()
+
+    def available(self, config: PhrasesConfig, draft) -> bool:
+        """It runs only where a phrase file is given."""
+        return config.file is not None
+
+    def load(self, config: PhrasesConfig, resources, text: str) -> List[Tuple[int, ...]]:
+        """Once the target is loaded: each phrase in its tokens, as it stands after a space."""
+        model = resources.target
+        return [tuple(model.tokenize(" " + line.strip(), add_special=False, parse_special=False))
+                for line in text.splitlines() if line.strip()]
 
 
 PLUGIN = Plugin(
@@ -94,7 +102,6 @@ PLUGIN = Plugin(
                     flag="--phrases", path=True),
              Option("phrases_min_match", "min_match", "Tokens of a phrase the text must end with.",
                     flag="--phrases-min-match")),
-    check=read, load=load, given=lambda config, draft: config.file is not None,
-    loads="a phrase file (--phrases)",
+    hooks=PhrasesHooks(),
     build=lambda setup, text: PhraseSource(setup.loaded, setup.config.min_match),
     priors={1: 0.3, 2: 0.5, 3: 0.7, 4: 0.8}, overall=0.4)

@@ -32,7 +32,7 @@ from .engine.scheduler import RequestStream, Stream
 from .engine.generation import Chunk, Result
 from .config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from .sources import CacheConfig, DraftConfig, HeadsConfig, LookaheadConfig, LookupConfig, installed_registry
-from .sources.registry import Option, Plugin, Registry, Setup, TextContext
+from .sources.registry import Hooks, Option, Plugin, Registry, Room, Setup, Target, TextContext
 from .sources.base import Budget, Candidate, Outcome, Proposal, Source
 from .errors import (
     CacheFormatError,
@@ -57,13 +57,16 @@ __all__ = [
     "Budget",
     "CacheConfig",
     "Candidate",
+    "Hooks",
     "Option",
     "Outcome",
     "Plugin",
     "Proposal",
     "Registry",
+    "Room",
     "Setup",
     "Source",
+    "Target",
     "TextContext",
     "installed_registry",
     "Batcher",

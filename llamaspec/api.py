@@ -369,8 +369,8 @@ def alone(registry: Registry, spec: SpecConfig, names: Sequence[str], draft: boo
     if not names:
         return spec
     for name in names:
-        if name not in registry.names or not registry[name].alone_flag:
-            raise ConfigError(f"{name}=True: only {', '.join(p.name for p in registry.plugins if p.alone_flag)} "
+        if name not in registry.names or "alone" not in registry[name].flags:
+            raise ConfigError(f"{name}=True: only {', '.join(p.name for p in registry.plugins if 'alone' in p.flags)} "
                               f"run alone so")
     if spec.sources is not None:
         raise ConfigError(f"give {given} or the {' / '.join(names)} shorthands, not both")

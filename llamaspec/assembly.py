@@ -35,7 +35,7 @@ from .planning.acceptance_model import AcceptanceModel
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .planning.planner import MAX_LEAVES, Planner
 from .sources.base import Source
-from .sources.registry import Registry, Setup, TextContext
+from .sources.registry import Registry, Setup, Target, TextContext
 
 # Texts decoded together at most (the samples of one prompt; each is a KV-cache sequence).
 MAX_SAMPLES = 16
@@ -91,15 +91,17 @@ class Assembly:
         if references and not names & set(readers):
             raise ConfigError(f"references are read by the {' and '.join(readers)} sources; --spec runs none of them")
         self.spec_name = self.registry.label(names, spec)
-        room = self.registry.room(names, configs, target.n_ctx, target.n_batch, MAX_LEAVES, spec.fixed)
+        context = Target(target.n_ctx, target.n_batch, MAX_LEAVES)
+        room = self.registry.room(names, configs, context, spec.fixed)
         self.leaves = room.branches
         self.scratch = room.branches + room.own  # the sequences a step's branches and the sources' own may use
         plugins = [p for p in self.registry.plugins if p.name in names]
-        self.hidden = any(p.hidden for p in plugins)  # the target's decodes output hidden states
+        self.hidden = room.hidden  # the target's decodes output hidden states
         if self.hidden and target.rpc:
-            raise ConfigError(f"the {', '.join(p.name for p in plugins if p.hidden)} source reads the target's "
-                              f"hidden states, which a model on RPC servers does not return")
-        checked = {p.name: p.check(configs[p.name]) for p in plugins if p.check is not None}  # before any model
+            readers = [p.name for p in plugins if p.hooks.room(configs[p.name], context).hidden]
+            raise ConfigError(f"the {' and '.join(readers)} source reads the target's hidden states, which a "
+                              f"model on RPC servers does not return")
+        checked = {p.name: p.hooks.check(configs[p.name]) for p in plugins}  # before any model
         _warn_about(target)
         self._pool = pool if pool is not None else ModelPool()
         self.model = self._pool.get(resolve_model(target.path, cache_dir, progress), target.offloaded, target.rpc,
@@ -124,7 +126,7 @@ class Assembly:
             self._resources = Resources(self._pool, self.model, draft, target_curve, costs_file, cache_dir, progress)
             for p in plugins:
                 if p.loads_from(configs[p.name], draft):
-                    self.loaded[p.name] = p.load(configs[p.name], self._resources, checked.get(p.name))
+                    self.loaded[p.name] = p.hooks.load(configs[p.name], self._resources, checked.get(p.name))
             curve = target_curve()
             curves = {n: loaded.curve for n, loaded in self.loaded.items() if getattr(loaded, "curve", None)}
             self.costs = CostModel(curve, curves or None)

@@ -149,8 +149,8 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], refer
     setups = {}
     for name in names:
         p = registry[name]
-        checked = p.check(configs[name]) if p.check is not None else None
-        loaded = p.load(configs[name], _Vocabulary(vocab), checked) if name in loadable and p.load else None
+        checked = p.hooks.check(configs[name])
+        loaded = p.hooks.load(configs[name], _Vocabulary(vocab), checked) if name in loadable else None
         setups[name] = Setup(configs[name], loaded, vocab.piece)
     sources = registry.build(names, setups, TextContext(references=tuple(tuple(r) for r in refs)))
     stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens))

@@ -129,11 +129,11 @@ def source_options(registry: Registry) -> Dict[str, Callable]:
         out[keyword] = click.option(option.flag, keyword, type=kind, default=default,
                                     show_default=default is not None, help=option.help)
     for p in registry.plugins:
-        if p.alone_flag:
+        if "alone" in p.flags:
             out[p.name] = click.option(f"--{p.name}", p.name, is_flag=True,
                                        help=f"Shorthand for --spec {p.name}, plus the draft model when -md is given "
                                             f"({p.describe}).")
-        if p.fixed_flag:
+        if "fixed" in p.flags:
             out[f"{p.name}_fixed"] = click.option(f"--{p.name}-fixed", f"{p.name}_fixed", is_flag=True,
                                                   help=f"Shorthand for --spec-fixed {p.name}: verified whole every "
                                                        f"step, as llama.cpp's programs do.")
@@ -191,7 +191,7 @@ def source_settings(o: dict, registry: Registry) -> Dict[str, Any]:
 
 def spec_option(o: dict, registry: Registry, draft: bool) -> SpecConfig:
     """--spec, or a source's shorthand (--lookup, --lookahead); --spec-fixed and each --NAME-fixed."""
-    chosen = [p.name for p in registry.plugins if p.alone_flag and o.get(p.name)]
+    chosen = [p.name for p in registry.plugins if "alone" in p.flags and o.get(p.name)]
     try:
         spec = alone(registry, SpecConfig.parse(o["spec"] or "auto"), chosen, draft, "--spec") \
             if not (chosen and o["spec"] is not None) else None
@@ -199,7 +199,7 @@ def spec_option(o: dict, registry: Registry, draft: bool) -> SpecConfig:
         raise click.UsageError(str(e)) from None
     if spec is None:
         raise click.UsageError(f"give --spec or --{'/--'.join(chosen)}, not both")
-    fixed = set(split_names(o["spec_fixed"]) or []) | {p.name for p in registry.plugins if p.fixed_flag
+    fixed = set(split_names(o["spec_fixed"]) or []) | {p.name for p in registry.plugins if "fixed" in p.flags
                                                  and o.get(f"{p.name}_fixed")}
     return spec.with_fixed(frozenset(fixed))
 
@@ -381,7 +381,7 @@ def bench_settings(o: dict, repeat: int, temperature: float = 0.0, seed: Optiona
         model, pair_draft = models.default_pair()
         draft = draft or pair_draft
     registry = installed_registry()
-    fixed = tuple(p.name for p in registry.plugins if p.fixed_flag and o.get(f"{p.name}_fixed"))
+    fixed = tuple(p.name for p in registry.plugins if "fixed" in p.flags and o.get(f"{p.name}_fixed"))
     return BenchSettings(model, draft, n_predict=o["max_tokens"], n_ctx=o["n_ctx"], n_threads=o["n_threads"],
                          n_gpu_layers=o["n_gpu_layers"], n_gpu_layers_draft=o["n_gpu_layers_draft"],
                          temperature=temperature, seed=seed, repeat=repeat, rpc_draft=o["rpc_draft"],

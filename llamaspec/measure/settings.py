@@ -95,9 +95,9 @@ def _strategies() -> Dict[str, Strategy]:
     on_draft = registry.on_draft_model()
 
     def file_of_its_own(p: Any) -> bool:
-        return p.load is not None and p.name not in on_draft and any(o.path for o in p.options)
+        return bool(p.loads) and p.name not in on_draft and any(o.path for o in p.options)
     alone = [p for p in registry.plugins if not p.needs and p.joins is None
-             and (p.load is None or p.name in on_draft or file_of_its_own(p))]
+             and (not p.loads or p.name in on_draft or file_of_its_own(p))]
     return {
         "plain": Strategy("plain decoding: one token per target call", SpecConfig(frozenset())),
         **{p.name: Strategy(p.describe, SpecConfig(frozenset({p.name})), file_of_its_own(p)) for p in alone},

@@ -40,8 +40,8 @@ from ..llama.binding import Context, KVSequence
 from ..llama.vocab import check_compatible
 from . import rounds
 from .base import FORCED, FORCED_PRIOR, Budget, Candidate, Drafting, Evidence, Proposal, Read, Source
-from .registry import Option, Plugin, Resources
-from ..config import SamplingConfig, check
+from .registry import Hooks, Option, Plugin, Resources
+from ..config import ModelConfig, SamplingConfig, check
 from ..constraints import Constraint
 from ..sequences import common_prefix
 from ..sampling import Distribution, sample, transform
@@ -210,15 +210,21 @@ class DraftModel:
         self.ctx.close()
 
 
-def _load(config: DraftConfig, resources: Resources, checked: None) -> DraftModel:
-    """The draft model (-md), checked against the target's vocabulary, a sequence per lane,
-    and its cost curve (measured once)."""
-    given = resources.draft
-    assert given is not None  # given() said so
-    model = resources.model(given)
-    check_compatible(resources.target, model)
-    ctx = resources.context(model, given, resources.lanes)
-    return DraftModel(ctx, resources.curve(ctx))
+class DraftHooks(Hooks):
+    loads = "a draft model (-md)"
+
+    def available(self, config: DraftConfig, draft: Optional[ModelConfig]) -> bool:
+        return draft is not None
+
+    def load(self, config: DraftConfig, resources: Resources, checked: None) -> DraftModel:
+        """The draft model (-md), checked against the target's vocabulary, a sequence per lane,
+        and its cost curve (measured once)."""
+        given = resources.draft
+        assert given is not None  # available() said so
+        model = resources.model(given)
+        check_compatible(resources.target, model)
+        ctx = resources.context(model, given, resources.lanes)
+        return DraftModel(ctx, resources.curve(ctx))
 
 
 PLUGIN = Plugin(
@@ -227,6 +233,6 @@ PLUGIN = Plugin(
              Option("draft_min", "draft_min", "Shorter draft-model proposals are not verified.", flag="--draft-min"),
              Option("draft_p_min", "draft_p_min", "The draft model also stops when its top probability falls below "
                     "this (llama.cpp: 0.75; 0 leaves it to the planner).", flag="--draft-p-min")),
-    given=lambda config, draft: draft is not None, load=_load, loads="a draft model (-md)",
+    hooks=DraftHooks(),
     build=lambda setup, text: DraftModelSource(setup.loaded.sequences, text.lane, setup.config, text.constraint),
     priors={**{decile: min(0.95, 0.05 + 0.09 * decile) for decile in range(11)}, FORCED: FORCED_PRIOR}, overall=0.6)

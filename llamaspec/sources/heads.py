@@ -29,10 +29,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import SamplingConfig, check
+from ..config import ModelConfig, SamplingConfig, check
 from ..draft_heads import MAX_HEADS, RANKS, At, Drafter, Heads, cached_path, largest, one_thread
 from .base import Budget, Candidate, Outcome, Proposal, Source
-from .registry import Option, Plugin, Resources
+from .registry import Hooks, Option, Plugin, Resources, Room, Target
 
 NAME = "heads"
 
@@ -153,19 +153,29 @@ def _priors() -> Dict[Guess, float]:
 PRIORS = _priors()
 
 
-def _check(config: HeadsConfig) -> Optional[Heads]:
-    return Heads.read(Path(config.file).expanduser()) if config.file is not None else None
+class HeadsHooks(Hooks):
+    """Heads trained for the target are found in the cache, read before any model loads,
+    checked against the target once it is loaded; the target's decodes output hidden states."""
 
+    loads = "a heads file (--heads; `llamaspec heads train` makes one)"
 
-def _load(config: HeadsConfig, resources: Resources, heads: Heads) -> Drafter:
-    target = resources.target
-    heads.check_model(target.path, target.n_vocab, target.n_embd, Path(str(config.file)))
-    return heads.drafter()
+    def complete(self, config: HeadsConfig, model_file: str, cache: Path) -> HeadsConfig:
+        found = cached_path(Path(model_file), cache)
+        return HeadsConfig(str(found), config.tree) if config.file is None and found.is_file() else config
 
+    def check(self, config: HeadsConfig) -> Optional[Heads]:
+        return Heads.read(Path(config.file).expanduser()) if config.file is not None else None
 
-def _beside(config: HeadsConfig, model_file: str, cache: Path) -> HeadsConfig:
-    found = cached_path(Path(model_file), cache)
-    return HeadsConfig(str(found), config.tree) if config.file is None and found.is_file() else config
+    def available(self, config: HeadsConfig, draft: Optional[ModelConfig]) -> bool:
+        return config.file is not None
+
+    def load(self, config: HeadsConfig, resources: Resources, heads: Heads) -> Drafter:
+        target = resources.target
+        heads.check_model(target.path, target.n_vocab, target.n_embd, Path(str(config.file)))
+        return heads.drafter()
+
+    def room(self, config: HeadsConfig, target: Target) -> Room:
+        return Room(target.leaves, hidden=True)
 
 
 PLUGIN = Plugin(
@@ -174,9 +184,9 @@ PLUGIN = Plugin(
         Option("heads", "file", "Draft heads trained for the model (`llamaspec heads train`); default: the "
                "heads cached for it, if any.", flag="--heads", path=True),
         Option("heads_tree", "tree", "The heads' candidate tree: nodes at most.", flag="--heads-tree")),
-    check=_check, load=_load, given=lambda config, draft: config.file is not None, beside=_beside,
+    hooks=HeadsHooks(),
     # where lookup copies a token the heads guess too, lookup's estimate counts: the heads' own,
     # higher, made the 1.5B's steps verify copies too far (docs/results.md, "Lookup's priors")
-    loads="a heads file (--heads; `llamaspec heads train` makes one)", hidden=True, shadowed_by="lookup",
+    shadowed_by="lookup",
     build=lambda setup, text: HeadsSource(setup.loaded, setup.config.tree),
     priors=PRIORS, overall=0.3)

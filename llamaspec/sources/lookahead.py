@@ -46,7 +46,7 @@ import numpy as np
 
 from ..llama.binding import max_sequences
 from .base import LENGTH_BUCKETS, Budget, Candidate, Outcome, Proposal, Window, Source, length_bucket
-from .registry import Option, Plugin, Scratch
+from .registry import Hooks, Option, Plugin, Room, Target
 from ..config import SamplingConfig, check
 from ..errors import ConfigError
 from ..sequences import BatchRow, appended, common_prefix
@@ -288,10 +288,12 @@ _POOL = {1: 0.15, 2: 0.22, 3: 0.43, 4: 0.75, 5: 0.8, 8: 0.85}
 OTHER = 0.1
 
 
-def scratch(config: LookaheadConfig, n_ctx: int, n_batch: int, leaves: int, whole: bool) -> Scratch:
-    """A branch per candidate (at least ``leaves``) and a sequence per window column, once they fit."""
-    check_fits(config, n_ctx, n_batch, leaves, whole)
-    return Scratch(max(config.g, leaves), config.w)
+class LookaheadHooks(Hooks):
+    def room(self, config: LookaheadConfig, target: Target) -> Room:
+        """A branch per candidate (at least the trie's leaves) and a sequence per window column,
+        once they fit."""
+        check_fits(config, target.n_ctx, target.n_batch, target.leaves, target.whole)
+        return Room(max(config.g, target.leaves), config.w)
 
 
 PLUGIN = Plugin(
@@ -305,4 +307,5 @@ PLUGIN = Plugin(
     build=lambda setup, text: LookaheadSource(setup.config, text.references),
     priors={Pooled(length, window): _POOL.get(length, OTHER) if not window else OTHER
             for length in LENGTH_BUCKETS for window in (False, True)},
-    overall=OTHER, shadowed_by="lookup", reads_references=True, alone_flag=True, fixed_flag=True, room=scratch)
+    overall=OTHER, shadowed_by="lookup", reads_references=True, flags=frozenset({"alone", "fixed"}),
+    hooks=LookaheadHooks())

@@ -495,4 +495,4 @@ PLUGIN = Plugin(
     config=LookupConfig(), options=OPTIONS,
     build=lambda setup, text: LookupSource(setup.config.ngram_min, setup.config.ngram_max, text.references,
                                            setup.config.draft_max, setup.piece),
-    priors=_priors(), overall=OTHER, reads_references=True, alone_flag=True)
+    priors=_priors(), overall=OTHER, reads_references=True, flags=frozenset({"alone"}))

@@ -19,8 +19,8 @@ import numpy as np
 
 from .base import FORCED, FORCED_PRIOR, Budget, Candidate, Proposal, Source
 from .lookup import OPTIONS as LOOKUP_OPTIONS, LookupConfig
-from .registry import Option, Plugin, Resources
-from ..config import SamplingConfig
+from .registry import Hooks, Option, Plugin, Resources
+from ..config import ModelConfig, SamplingConfig
 from ..errors import CacheFormatError, ConfigError
 from ..llama.ngram import NgramCache, draft_from_caches
 from ..sequences import appended
@@ -152,9 +152,20 @@ class CacheSource(Source):
 LAST_POSITION = 2
 
 
-def _load(config: CacheConfig, resources: Resources, caches: NgramCaches) -> NgramCaches:
-    caches.validate_vocab(resources.target.n_vocab)  # the files were read before any model loaded
-    return caches
+class CacheHooks(Hooks):
+    """The files are read before any model loads, their vocabulary checked once the target is."""
+
+    loads = "an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)"
+
+    def check(self, config: CacheConfig) -> Optional[NgramCaches]:
+        return NgramCaches.open(config) if config.static or config.dynamic else None
+
+    def available(self, config: CacheConfig, draft: Optional[ModelConfig]) -> bool:
+        return bool(config.static or config.dynamic)
+
+    def load(self, config: CacheConfig, resources: Resources, caches: NgramCaches) -> NgramCaches:
+        caches.validate_vocab(resources.target.n_vocab)
+        return caches
 
 
 PLUGIN = Plugin(
@@ -164,8 +175,6 @@ PLUGIN = Plugin(
                flag="--lookup-cache-static", path=True),
         Option("lookup_cache_dynamic", "dynamic", "Dynamic n-gram cache, updated after every generation "
                "(created if missing).", flag="--lookup-cache-dynamic", path=True)),
-    check=lambda config: NgramCaches.open(config) if config.static or config.dynamic else None,
-    given=lambda config, draft: bool(config.static or config.dynamic), load=_load,
-    loads="an n-gram cache file (--lookup-cache-static or --lookup-cache-dynamic)",
+    hooks=CacheHooks(),
     build=lambda setup, text: CacheSource(setup.loaded.session(), setup.config.draft_max),
     priors={0: 0.25, 1: 0.3, 2: 0.35, FORCED: FORCED_PRIOR}, overall=0.3, joins="lookup")

@@ -2,20 +2,26 @@
 of its source. The registry holds the plugins a LlamaSpec may run and knows nothing of any of
 them but what they declare.
 
+What a source is (``Plugin``'s fields):
+
     name, describe          what it is called (in --spec, the statistics) and one line about it
+    priors, overall         the prior acceptance of each evidence key it gives, and overall
     config, options         its settings: a frozen dataclass of defaults, and each field the
                             command line (``flag``) and Python (``keyword``) set
-    check, load             before any model loads, its settings checked (files read); once the
-                            target is loaded, what it loads for every generation (cache files,
-                            a draft model): None where there is nothing to load
-    build                   a fresh source for one generation, from its Setup (config, what it
-                            loaded, the vocabulary's bytes) and the generation's TextContext
-    priors, overall         the prior acceptance of each evidence key it gives, and overall
     needs                   what a generation must carry for it to run (several samples, a grammar)
-    room                    the KV-cache sequences it needs beside the text's own
-    beside, hidden          what the cache keeps for the target (trained heads); it reads the
-                            target's hidden states
-    shadowed_by, joins, reads_references, alone_flag, fixed_flag   (see Plugin)
+    shadowed_by, joins,     how it stands to the others and the command line (see Plugin)
+    reads_references, flags
+
+What it does at each moment (the hooks: ``build``, and ``Hooks``' methods, each with a default
+that means "nothing of this", overridden by a plugin that needs one):
+
+    build(setup, text)      a fresh source for one generation (the one every plugin writes)
+    Hooks.complete          its config completed with what the cache keeps for the target
+    Hooks.check             before any model loads: its settings checked (files read)
+    Hooks.available         before any model loads: whether there is something to load
+    Hooks.load              once the target is loaded: what every generation uses
+    Hooks.room              what the target's context must give it: KV-cache sequences beside
+                            the text's own, hidden states
 
 Plugins are found in this package (``default_registry``), in other installed packages through
 the ``llamaspec.sources`` entry-point group (``installed_plugins``: loaded once, when first
@@ -121,12 +127,79 @@ class Resources(Protocol):
 
 
 @dataclass(frozen=True)
-class Scratch:
-    """KV-cache sequences a step may use beside the text's own: ``branches`` for the trie's
-    leaves, ``own`` for what a source decodes beside them (lookahead's window columns)."""
+class Target:
+    """The target's context as a source's ``room`` hook sees it: its size in tokens, the most
+    rows one decode takes, the most branches a step's trie may have, and whether this source
+    is verified whole every step (``--spec-fixed``)."""
+
+    n_ctx: int
+    n_batch: int
+    leaves: int
+    whole: bool = False
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the target's context gives a step beside the text's own KV-cache sequence:
+    ``branches`` sequences for the trie's leaves, ``own`` for what a source decodes beside
+    them (lookahead's window columns), and ``hidden``: the target's decodes output their hidden
+    states (``Outcome.hidden``: draft heads read them)."""
 
     branches: int
     own: int = 0
+    hidden: bool = False
+
+    def __add__(self, other: "Room") -> "Room":
+        """What two sources need together: the most branches, both one's own sequences."""
+        return Room(max(self.branches, other.branches), self.own + other.own, self.hidden or other.hidden)
+
+
+class Hooks:
+    """What a source does at each moment of a LlamaSpec's life, beside being built for each
+    text (``Plugin.build``). Every hook has a default that means "nothing of this": a plugin
+    that needs one subclasses Hooks, overrides it and gives an instance as ``Plugin.hooks``.
+    The order: ``complete``, ``check`` and ``available`` before any model loads, ``room`` when
+    the target's context is made, ``load`` once the target is loaded."""
+
+    loads: str = ""
+    """What ``load`` needs, as a user is told it is missing ("a phrase file (--phrases)") and
+    ``llamaspec sources`` shows it; "" (the default): the source loads nothing, ``load`` is
+    never called and it runs wherever its ``needs`` are met."""
+
+    def complete(self, config: Any, model_file: str, cache: Path) -> Any:
+        """Its config (None where it has none) completed with what llamaspec's ``cache`` folder
+        keeps for the target's model file (its name): draft heads trained for it. Default: as
+        given."""
+        return config
+
+    def check(self, config: Any) -> Any:
+        """Before any model loads: ConfigError for settings that cannot work (a missing file).
+        What it returns (a file it read) is ``load``'s ``checked``. Default: nothing to check."""
+        return None
+
+    def available(self, config: Any, draft: Optional[ModelConfig]) -> bool:
+        """Before any model loads: whether what ``load`` loads is there with these settings and
+        the draft model the user gave (-md; None: none). A source that loads something and has
+        nothing to load does not run under ``--spec auto`` and is an error where ``--spec``
+        names it. Default: yes."""
+        return True
+
+    def load(self, config: Any, resources: Resources, checked: Any) -> Any:
+        """Once the target is loaded: what the source loads once for every generation
+        (``Setup.loaded``), through ``resources`` (freed with the LlamaSpec). The object may
+        have ``restart()`` (the LlamaSpec was reset), ``for_lanes(n)`` (its copy for a batch of
+        n texts decoded together, with its own ``close()``), ``close()``, and ``curve`` (an
+        expensive source's cost curve). Called only where ``loads`` says what it loads."""
+        return None
+
+    def room(self, config: Any, target: Target) -> Room:
+        """What the target's context must give it: KV-cache sequences beside the text's own,
+        hidden states (ConfigError where llama.cpp cannot have them). Default: a branch for
+        each of the trie's leaves, nothing of its own."""
+        return Room(target.leaves)
+
+
+NO_HOOKS = Hooks()
 
 
 @dataclass(frozen=True)
@@ -142,33 +215,27 @@ class Option:
     path: bool = False  # a file's path (None by default)
 
 
+FLAGS = ("alone", "fixed")  # the command-line flags named after a source it may have
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plugin:
-    """One draft source, declared in full (see the module's text).
+    """One draft source, declared in full: what it is (these fields) and what it does at each
+    moment (``build``, and ``hooks``). A simple source gives ``name``, ``build``, ``priors``
+    and ``overall``; every other field has a default that means "nothing of this".
 
     ``priors``: the prior acceptance of a token with each evidence key the source can give
-    (every one: a key without a prior is a bug, see the acceptance model); ``overall``: its
-    acceptance before it proposed anything (what an expensive source is asked on).
-    ``config``: its settings' defaults (a frozen dataclass; None: it has none); ``options``:
-    those a user sets. ``check(config)``: before any model loads, ConfigError for settings that
-    cannot work; what it returns (files it read) is ``load``'s third argument.
-    ``load(config, resources, checked)``: what it loads once for every generation (None:
-    nothing to load, so it does not run; ``loads`` says what it would need, as a user is told);
-    the object may have ``restart()`` (the LlamaSpec was reset), ``for_lanes(n)`` (its copy for
-    a batch of n texts decoded together, with its own ``close()``), ``close()``, and ``curve``
-    (an expensive source's cost curve). ``given(config, resources_before_loading)``: whether
-    there is something for ``load`` to load (asked before any model loads; default: yes).
+    (every one: a key without a prior turns the source off); ``overall``: its acceptance before
+    it proposed anything (what an expensive source is asked on). ``config``: its settings'
+    defaults (a frozen dataclass; None: it has none); ``options``: those a user sets.
+    ``needs``: what a generation must carry for it to be built. ``build(setup, text)``: a fresh
+    Source for one generation. ``hooks``: its other moments (``Hooks``).
     ``shadowed_by``: a source that finds this one's candidates too, with more specific evidence:
     where both propose a token, only the other's estimate counts. ``joins``: it runs wherever
     that source is named in ``--spec`` and its own needs are met. ``reads_references``: it
-    copies from a generation's references. ``room(config, n_ctx, n_batch, leaves, whole)``: the
-    KV-cache sequences it needs (ConfigError where llama.cpp cannot have them).
-    ``beside(config, model_file, cache)``: its config completed, before anything loads, with
-    what is kept for the target's model file (its name) in llamaspec's cache (heads trained for
-    it). ``hidden``: it reads the target's hidden states (``Outcome.hidden``): the target's
-    decodes output them where it runs.
-    ``alone_flag``: ``--NAME`` on the command line (``NAME=True`` in Python) runs it alone (with
-    the draft model when one is given); ``fixed_flag``: ``--NAME-fixed`` verifies it whole.
+    copies from a generation's references. ``flags``: of ``FLAGS``, the command-line flags
+    named after it: "alone", ``--NAME`` (``NAME=True`` in Python) runs it alone (with the draft
+    model when one is given); "fixed", ``--NAME-fixed`` verifies it whole.
     """
 
     name: str
@@ -178,20 +245,18 @@ class Plugin:
     describe: str = ""
     config: Any = None
     options: Tuple[Option, ...] = ()
-    check: Optional[Callable[[Any], Any]] = None
-    load: Optional[Callable[[Any, Resources, Any], Any]] = None
-    given: Optional[Callable[[Any, Optional[ModelConfig]], bool]] = None
-    loads: str = ""
     needs: FrozenSet[Need] = frozenset()
+    hooks: Hooks = NO_HOOKS
     shadowed_by: Optional[str] = None
     joins: Optional[str] = None
     reads_references: bool = False
-    room: Optional[Callable[[Any, int, int, int, bool], Scratch]] = None
-    beside: Optional[Callable[[Any, str, Path], Any]] = None
-    hidden: bool = False
-    alone_flag: bool = False
-    fixed_flag: bool = False
+    flags: FrozenSet[str] = frozenset()
     origin: str = ""  # where it was found, set by the registry: "" for llamaspec's own (see ``origin_of``)
+
+    @property
+    def loads(self) -> str:
+        """What it needs loaded, as a user is told (``Hooks.loads``); "": nothing."""
+        return self.hooks.loads
 
     def configured(self, values: Mapping[str, Any]) -> Any:
         """Its config with the options ``values`` (by keyword) sets; a config object given
@@ -214,7 +279,7 @@ class Plugin:
 
     def loads_from(self, config: Any, draft: Optional[ModelConfig]) -> bool:
         """Whether this source has something to load (before anything is loaded)."""
-        return self.load is not None and (self.given is None or self.given(config, draft))
+        return bool(self.loads) and self.hooks.available(config, draft)
 
 
 @dataclass(frozen=True)
@@ -259,7 +324,7 @@ class Registry:
     def configs(self, values: Mapping[str, Any], model_file: Optional[str] = None,
                 cache: Optional[Path] = None) -> Dict[str, Any]:
         """Every source's config, with the options ``values`` sets (by keyword; a config object
-        by a source's name), completed by each plugin's ``beside`` with what ``cache`` keeps for
+        by a source's name), completed by each plugin's ``Hooks.complete`` with what ``cache`` keeps for
         the target's ``model_file`` where both are given. ConfigError for a keyword no source has."""
         known = set(self.options()) | set(self.names)
         unknown = sorted(set(values) - known)
@@ -268,8 +333,7 @@ class Registry:
                               f"{', '.join(sorted(self.options()))}")
         configs = {p.name: p.configured(values) for p in self.plugins}
         if model_file is not None and cache is not None:
-            configs = {p.name: p.beside(configs[p.name], model_file, cache) if p.beside else configs[p.name]
-                       for p in self.plugins}
+            configs = {p.name: p.hooks.complete(configs[p.name], model_file, cache) for p in self.plugins}
         return configs
 
     def resolve(self, spec: SpecConfig, loadable: FrozenSet[str]) -> FrozenSet[str]:
@@ -281,7 +345,7 @@ class Registry:
             raise ConfigError(f"unknown draft source {unknown[0]!r}; choose from auto, none or {', '.join(self.names)}")
 
         def runs(p: Plugin) -> bool:
-            return p.load is None or p.name in loadable
+            return not p.loads or p.name in loadable
         if spec.sources is None:
             names = {p.name for p in self.plugins if runs(p)}
         else:
@@ -310,14 +374,14 @@ class Registry:
         return [p.build(setups.get(p.name, Setup()), text) for p in self.plugins
                 if p.name in names and p.needs <= met]
 
-    def room(self, names: FrozenSet[str], configs: Mapping[str, Any], n_ctx: int, n_batch: int, leaves: int,
-             fixed: FrozenSet[str]) -> Scratch:
-        """The sequences the sources of ``names`` need beside the text (at least ``leaves`` branches)."""
-        room = Scratch(leaves)
+    def room(self, names: FrozenSet[str], configs: Mapping[str, Any], target: Target,
+             fixed: FrozenSet[str]) -> Room:
+        """What the sources of ``names`` need of the target's context together (at least
+        ``target.leaves`` branches)."""
+        room = Room(target.leaves)
         for p in self.plugins:
-            if p.name in names and p.room is not None:
-                need = p.room(configs[p.name], n_ctx, n_batch, leaves, p.name in fixed)
-                room = Scratch(max(room.branches, need.branches), room.own + need.own)
+            if p.name in names:
+                room = room + p.hooks.room(configs[p.name], dataclasses.replace(target, whole=p.name in fixed))
         return room
 
     def on_draft_model(self) -> List[str]:
@@ -325,7 +389,7 @@ class Registry:
         is given and nothing where none is."""
         given = ModelConfig("a draft model")
         return [p.name for p in self.plugins
-                if p.load is not None and p.loads_from(p.config, given) and not p.loads_from(p.config, None)]
+                if p.loads_from(p.config, given) and not p.loads_from(p.config, None)]
 
     def setups(self, configs: Optional[Mapping[str, Any]] = None,
                piece: Optional[Callable[[int], bytes]] = None) -> Dict[str, Setup]:
@@ -367,9 +431,14 @@ def checked(plugin: Plugin) -> Plugin:
         raise fault("its name must be a Python identifier, not auto or none")
     if not callable(plugin.build):
         raise fault("build is not callable")
-    for hook in ("check", "load", "given", "room", "beside"):
-        if getattr(plugin, hook) is not None and not callable(getattr(plugin, hook)):
-            raise fault(f"{hook} is not callable")
+    if not isinstance(plugin.hooks, Hooks):
+        raise fault("hooks must be an instance of Hooks (or a subclass of it)")
+    if not isinstance(plugin.hooks.loads, str):
+        raise fault("hooks.loads must say, as a string, what the source loads")
+    if type(plugin.hooks).load is not Hooks.load and not plugin.hooks.loads:
+        raise fault("its hooks load something but do not say what (Hooks.loads), so load would never be called")
+    if not isinstance(plugin.flags, frozenset) or not plugin.flags <= set(FLAGS):
+        raise fault(f"flags must be a frozenset of {', '.join(FLAGS)}")
     if not isinstance(plugin.priors, Mapping) or not plugin.priors:
         raise fault("priors must map each evidence key it gives to its prior acceptance")
     for key, prior in list(plugin.priors.items()) + [("overall", plugin.overall)]:

@@ -75,6 +75,6 @@ def test_every_built_in_source_is_checked_here():
     from llamaspec import ModelConfig
     configs = REGISTRY.configs({"lookup_cache_dynamic": "dyn.bin", "heads": "smol.heads.npz"})
     for p in REGISTRY.plugins:
-        assert p.load is None or p.loads_from(configs[p.name], ModelConfig(SMOL)), \
+        assert not p.loads or p.loads_from(configs[p.name], ModelConfig(SMOL)), \
             f"{p.name} loads something the test does not offer: give it in offers()"
         assert p.needs <= {Need.SIBLINGS, Need.GRAMMAR}, f"{p.name} needs something the test does not give"

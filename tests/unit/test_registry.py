@@ -129,11 +129,15 @@ def test_what_a_plugin_declares_is_checked_when_it_registers():
     """A fault in a declaration is one ConfigError naming the source when a registry takes it,
     not an error mid-generation."""
     from dataclasses import dataclass, replace
-    from llamaspec.sources.registry import Option, Plugin
+    from llamaspec.sources.registry import Hooks, Option, Plugin
 
     @dataclass(frozen=True)
     class Settings:
         size: int = 1
+
+    class Silent(Hooks):  # loads something but never says what: load would never be called
+        def load(self, config, resources, checked):
+            return "loaded"
     good = Plugin(name="mine", build=lambda setup, text: None, priors={"x": 0.5}, overall=0.5, config=Settings(),
                   options=(Option("mine_size", "size", "How big.", "--mine-size"),), origin="a package 1.0")
     assert REGISTRY.extended(good)["mine"] is good
@@ -143,7 +147,9 @@ def test_what_a_plugin_declares_is_checked_when_it_registers():
                           ({"priors": {"x": 1.5}}, "the prior of 'x' is 1.5, not a probability"),
                           ({"overall": 0}, "the prior of 'overall' is 0"),
                           ({"build": None}, "build is not callable"),
-                          ({"load": "file.bin"}, "load is not callable"),
+                          ({"hooks": lambda config: None}, "hooks must be an instance of Hooks"),
+                          ({"hooks": Silent()}, "its hooks load something but do not say what"),
+                          ({"flags": frozenset({"alone", "quick"})}, "flags must be a frozenset of alone, fixed"),
                           ({"config": {"size": 1}}, "config must be a dataclass instance"),
                           ({"options": (Option("mine_size", "sized", "How big.", "--mine-size"),)},
                            "option mine_size sets 'sized', which its config has no field of"),
@@ -151,3 +157,37 @@ def test_what_a_plugin_declares_is_checked_when_it_registers():
                           ({"needs": {"a grammar"}}, "needs must be a frozenset of Need")]:
         with pytest.raises(ConfigError, match=f"the draft source '.*' \\(a package 1.0\\): {fault}"):
             REGISTRY.extended(replace(good, **change))
+
+
+def test_hooks_default_to_nothing_and_rooms_add_up():
+    """A plugin that gives only name, build, priors and overall loads nothing, runs wherever its
+    needs are met, and asks a branch per leaf; lookahead's window columns and the heads' hidden
+    states add up with it (the most branches, every source's own sequences)."""
+    from llamaspec import Hooks, Plugin, Room, SpecConfig, Target
+    simple = Plugin(name="simple", build=lambda setup, text: None, priors={"x": 0.5}, overall=0.5)
+    assert simple.loads == "" and isinstance(simple.hooks, Hooks)
+    registry = REGISTRY.extended(simple)
+    configs = registry.configs({"lookahead_w": 5, "lookahead_g": 3})
+    assert "simple" in registry.resolve(SpecConfig(), frozenset())
+    assert registry.resolve(SpecConfig(frozenset({"simple"})), frozenset()) == {"simple"}
+    target = Target(n_ctx=4096, n_batch=512, leaves=4)
+    assert registry.room(frozenset({"simple"}), configs, target, frozenset()) == Room(4)
+    both = registry.room(frozenset({"simple", "lookahead", "heads"}), configs, target, frozenset())
+    assert both == Room(branches=4, own=5, hidden=True)
+    assert registry.room(frozenset({"lookahead"}), registry.configs({"lookahead_g": 9}), target,
+                         frozenset()).branches == 9
+
+
+def test_the_simplest_source_in_the_plugin_docs_registers_and_proposes():
+    """docs/plugins.md's first example is whole: it runs, registers, and its source proposes."""
+    import re
+    from pathlib import Path
+    from llamaspec import Budget, SamplingConfig, Setup, TextContext
+    text = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
+    code = re.search(r"The simplest source.*?```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(code, scope)
+    registry = REGISTRY.extended(scope["PLUGIN"])
+    echo, = registry.build(frozenset({"echo"}), registry.setups(), TextContext())
+    proposal = echo.propose([5, 6, 7, 8], Budget(max_len=4), SamplingConfig(), None)
+    assert proposal.candidates[0].tokens == (6, 7, 8)
