@@ -49,7 +49,7 @@ from .errors import (
     VocabMismatchError,
 )
 from .constraints import Grammar
-from .llama.models import cache_dir, default_pair, fetch, load_registry, resolve_model
+from .llama.models import cache_dir, default_pair, fetch, load_model_list, resolve_model
 from .engine.stats import SourceStats, Stats
 
 __all__ = [
@@ -105,6 +105,6 @@ __all__ = [
     "default_pair",
     "fetch",
     "load",
-    "load_registry",
+    "load_model_list",
     "resolve_model",
 ]

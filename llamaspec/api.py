@@ -257,7 +257,7 @@ class LlamaSpec:
         given = str(self.target_config.path)
         if hub.is_hub(given):
             return given[len(hub.PREFIX):]
-        return given if given in models.load_registry() else Path(given).name
+        return given if given in models.load_model_list() else Path(given).name
 
     def reset(self) -> None:
         """Forget the conversation and what speculation learned from it: every KV cache, the

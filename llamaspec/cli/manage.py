@@ -49,7 +49,7 @@ def models_list(cache_dir: Optional[Path]) -> None:
     """Every known model, its size and whether it is fetched; then the GGUF files in the Hugging
     Face hub's local cache (each usable as -m hf://OWNER/REPO/FILE)."""
     target, draft = models.default_pair()
-    for name, entry in models.load_registry().items():
+    for name, entry in models.load_model_list().items():
         path = models.model_path(name, cache_dir)
         role = " (default target)" if name == target else " (default draft)" if name == draft else ""
         state = str(path) if path else "not fetched"

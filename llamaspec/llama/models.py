@@ -1,7 +1,7 @@
-"""The model registry (models.txt) and fetching models into the local cache.
+"""The model list (models.txt) and fetching models into the local cache.
 
 A model is fetched once: its bytes are assembled from the first source in models.txt that
-works, checked against the registry's size and sha256, and moved into the cache directory
+works, checked against the model list's size and sha256, and moved into the cache directory
 atomically. Later calls find the verified file and use no network.
 """
 
@@ -33,7 +33,7 @@ from ..errors import ConfigError, FetchError, ModelError, UnknownModelError
 from . import hub
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
-_DEFAULTS = "defaults"  # the registry section naming the default pair
+_DEFAULTS = "defaults"  # the model list's section naming the default pair
 _KEYS = frozenset({"file", "size", "sha256", "license", "notes", "sources"})
 _CHUNK = 1 << 20
 _TEMP = ".tmp"  # every temporary file of a fetch of FILE is FILE.*.tmp
@@ -45,7 +45,7 @@ PathLike = Union[str, Path]
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model of the registry: where its bytes come from and what they must hash to."""
+    """One model of the model list: where its bytes come from and what they must hash to."""
 
     name: str
     file: str
@@ -56,18 +56,18 @@ class ModelEntry:
     license: str = ""
 
 
-# ---------------------------------------------------------------- registry
+# ---------------------------------------------------------------- model list
 
 
-def load_registry(path: Optional[PathLike] = None) -> Dict[str, ModelEntry]:
-    """Read the model registry.
+def load_model_list(path: Optional[PathLike] = None) -> Dict[str, ModelEntry]:
+    """Read the model list.
 
     With ``path``, only that file. Otherwise the packaged models.txt, then the file named by
     ``$LLAMASPEC_MODELS`` if set (its models are added and override same-named ones).
-    Raises ConfigError, with one line naming the file, if a registry is malformed.
+    Raises ConfigError, with one line naming the file, if a model list is malformed.
     """
     entries: Dict[str, ModelEntry] = {}
-    for parser, label in _registry_files(path):
+    for parser, label in _model_list_files(path):
         for name in parser.sections():
             if name != _DEFAULTS:
                 entries[name] = _entry(name, parser[name], label)
@@ -75,32 +75,32 @@ def load_registry(path: Optional[PathLike] = None) -> Dict[str, ModelEntry]:
 
 
 def default_pair(path: Optional[PathLike] = None) -> Tuple[str, str]:
-    """The (target, draft) model names of the registry's ``[defaults]`` section."""
+    """The (target, draft) model names of the model list's ``[defaults]`` section."""
     target = draft = ""
-    for parser, _ in _registry_files(path):
+    for parser, _ in _model_list_files(path):
         if parser.has_section(_DEFAULTS):
             target = parser[_DEFAULTS].get("target", target).strip()
             draft = parser[_DEFAULTS].get("draft", draft).strip()
     if not target or not draft:
-        raise ConfigError("the model registry has no [defaults] section with 'target' and 'draft'")
-    known = load_registry(path)
+        raise ConfigError("the model list has no [defaults] section with 'target' and 'draft'")
+    known = load_model_list(path)
     for name in (target, draft):
         if name not in known:
-            raise ConfigError(f"the registry's default model {name!r} is not in the registry")
+            raise ConfigError(f"the model list's default model {name!r} is not in the list")
     return target, draft
 
 
-def _registry_files(path: Optional[PathLike]) -> List[Tuple[configparser.ConfigParser, str]]:
+def _model_list_files(path: Optional[PathLike]) -> List[Tuple[configparser.ConfigParser, str]]:
     if path is not None:
         return [_parse(_read_text(Path(path)), str(path))]
-    files = [_packaged_registry()]
+    files = [_packaged_model_list()]
     user = os.environ.get("LLAMASPEC_MODELS")
     if user:
         files.append(_parse(_read_text(Path(user).expanduser()), user))
     return files
 
 
-def _packaged_registry() -> Tuple[configparser.ConfigParser, str]:
+def _packaged_model_list() -> Tuple[configparser.ConfigParser, str]:
     """The wheel's llamaspec/models.txt; in a source checkout or editable install, the repository's."""
     packaged = resources.files("llamaspec").joinpath("models.txt")
     if packaged.is_file():
@@ -113,9 +113,9 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read model registry {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read model list {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"model registry {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+        raise ConfigError(f"model list {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                           f"{exc.start})") from None
 
 
@@ -124,13 +124,13 @@ def _parse(text: str, label: str) -> Tuple[configparser.ConfigParser, str]:
     try:
         parser.read_string(text, source=label)
     except configparser.Error as exc:
-        raise ConfigError(f"malformed model registry {label}: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"malformed model list {label}: {' '.join(str(exc).split())}") from None
     return parser, label
 
 
 def _entry(name: str, section: configparser.SectionProxy, label: str) -> ModelEntry:
     def bad(message: str) -> ConfigError:
-        return ConfigError(f"model registry {label}, [{name}]: {message}")
+        return ConfigError(f"model list {label}, [{name}]: {message}")
 
     unknown = sorted(set(section) - _KEYS)
     if unknown:
@@ -234,28 +234,28 @@ def cache_dir(override: Optional[PathLike] = None) -> Path:
 
 
 def model_path(
-    name: str, cache: Optional[PathLike] = None, registry: Optional[Dict[str, ModelEntry]] = None
+    name: str, cache: Optional[PathLike] = None, model_list: Optional[Dict[str, ModelEntry]] = None
 ) -> Optional[Path]:
     """The verified cached file of model ``name``, or None if it is not fetched. No network."""
-    entry = _lookup(name, registry)
+    entry = _lookup(name, model_list)
     path = cache_dir(cache) / entry.file
     return path if _is_verified(path, entry) else None
 
 
-def file_name(spec: str, registry: Optional[Dict[str, ModelEntry]] = None) -> Optional[str]:
+def file_name(spec: str, model_list: Optional[Dict[str, ModelEntry]] = None) -> Optional[str]:
     """The file name a model argument names, where that is known without fetching anything: an
-    existing file's, a registry model's; None for anything else."""
+    existing file's, a listed model's; None for anything else."""
     if hub.is_hub(spec):
         return None
     path = Path(spec).expanduser()
     if path.is_file():
         return path.name
-    known = load_registry() if registry is None else registry
+    known = load_model_list() if model_list is None else model_list
     return known[spec].file if spec in known else None
 
 
-def _lookup(name: str, registry: Optional[Dict[str, ModelEntry]]) -> ModelEntry:
-    known = load_registry() if registry is None else registry
+def _lookup(name: str, model_list: Optional[Dict[str, ModelEntry]]) -> ModelEntry:
+    known = load_model_list() if model_list is None else model_list
     if name not in known:
         raise _unknown(name, known)
     return known[name]
@@ -328,14 +328,14 @@ def fetch(
     name: str,
     cache: Optional[PathLike] = None,
     progress: bool = True,
-    registry: Optional[Dict[str, ModelEntry]] = None,
+    model_list: Optional[Dict[str, ModelEntry]] = None,
 ) -> Path:
     """Return the verified cached file of model ``name``, downloading it first if needed.
 
-    Sources are tried in registry order. Raises UnknownModelError for a name not in the
-    registry and FetchError, naming the last reason, if no source gives the right bytes.
+    Sources are tried in the list's order. Raises UnknownModelError for a name not in the
+    model list and FetchError, naming the last reason, if no source gives the right bytes.
     """
-    entry = _lookup(name, registry)
+    entry = _lookup(name, model_list)
     directory = cache_dir(cache)
     final = directory / entry.file
     if _is_verified(final, entry):
@@ -531,9 +531,9 @@ def resolve_model(
     spec: str,
     cache: Optional[PathLike] = None,
     progress: bool = True,
-    registry: Optional[Dict[str, ModelEntry]] = None,
+    model_list: Optional[Dict[str, ModelEntry]] = None,
 ) -> Path:
-    """Turn a model argument into a file: an existing path as is, a registry name fetched, a
+    """Turn a model argument into a file: an existing path as is, a listed name fetched, a
     Hugging Face hub model (``hf://OWNER/REPO[:QUANT]``, see hub.py) fetched into the hub's cache.
 
     Raises ModelError for a path that does not exist and UnknownModelError, listing the
@@ -544,9 +544,9 @@ def resolve_model(
     path = Path(spec).expanduser()
     if path.is_file():
         return path
-    known = load_registry() if registry is None else registry
+    known = load_model_list() if model_list is None else model_list
     if spec in known:
-        return fetch(spec, cache=cache, progress=progress, registry=known)
+        return fetch(spec, cache=cache, progress=progress, model_list=known)
     separators = {"/", os.sep, os.altsep or "/"}
     if any(s in spec for s in separators) or spec.lower().endswith(".gguf"):
         raise ModelError(f"model file not found: {spec}")

