@@ -356,16 +356,21 @@ class Engine:
 
     def _save(self, ln: Lane, keep: int, spare: Optional[int]) -> None:
         """``ln``'s home is to keep only ``keep`` tokens of its text: the text is saved on a
-        sequence of its own (evicting the least recently used but ``spare``), unless a lane or a
-        saved text holds it already or no sequence is free for it. Saved texts give their cells
+        sequence of its own, unless what no lane or saved text holds of it already is too short
+        to be worth one (two lanes' answers to one prompt that part at a near-tie are one text
+        and a tail). It takes the sequence of a saved text it goes on from, else a free one,
+        else the least recently used saved text's but ``spare``'s. Saved texts give their cells
         back as lanes need them (``_room``)."""
         text = ln.cached
         if keep >= len(text) or len(text) < MIN_SAVED:
             return
-        if any(common_prefix(t, text) == len(text) for t in [o.cached for o in self.lanes if o is not ln] +
-               [t for _, t in self.saved]):
+        others = [o.cached for o in self.lanes if o is not ln] + [t for _, t in self.saved]
+        if len(text) - max([keep] + [common_prefix(t, text) for t in others]) < MIN_SAVED:
             return
-        if self._unsaved:
+        extended = [i for i, (s, t) in enumerate(self.saved) if s != spare and common_prefix(t, text) == len(t)]
+        if extended:
+            seq = self._evict(extended[0])
+        elif self._unsaved:
             seq = self._unsaved.pop()
         elif any(s != spare for s, _ in self.saved):
             seq = self._evict(next(i for i, (s, _) in enumerate(self.saved) if s != spare))

@@ -19,7 +19,8 @@ from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, e
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.errors import ConfigError, LlamaspecWarning
 from llamaspec.engine.generation import make_config
-from llamaspec.engine.engine import Engine
+from llamaspec.engine.engine import MIN_SAVED, Engine
+from llamaspec.sequences import common_prefix
 from llamaspec.sources.lookahead import LookaheadSource
 from llamaspec.sources.lookup import LookupSource
 from llamaspec.planning.planner import Limits, Planner
@@ -450,3 +451,31 @@ def test_a_text_a_lane_left_is_saved_for_a_later_prompt_and_evicted_for_room():
     assert again.results[0].tokens == alone(again.prompt, config, [LookupSource()])
     engine._room(ctx.n_ctx)  # no room left beside the lanes: the saved text goes
     assert not engine.saved and not ctx.cells(seq)
+
+
+def test_a_saved_text_is_replaced_by_one_that_goes_on_from_it_and_a_near_copy_is_not_saved():
+    """Two saved texts: a text that goes on from a saved one takes that one's sequence (the
+    other stays), and a text that only a short tail parts from a saved one is not saved at all
+    (two lanes' answers to one prompt parting at a near-tie)."""
+    ctx = FakeContext(n_ctx=4096, n_batch=256, sharp=True)
+    engine = Engine(ctx, 1, n_saved=2)
+    sched = Scheduler(engine, FakeModel(), lambda text: [LookupSource()], Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
+    config = make_config(max_tokens=20, temperature=0)
+
+    def ask(prompt):
+        request = Request(prompt, config)
+        run_all(sched, [request], ctx)
+        return prompt + request.results[0].tokens[:-1]  # what the lane's home holds after it
+    a = ask(fake_prompt(60, 7))
+    b = ask(fake_prompt(50, 9))  # a saved
+    longer = ask(a + fake_prompt(40, 11))  # b saved; a's cells taken, not read again
+    c = ask(fake_prompt(45, 12))  # longer saved, in a's place: b stays
+    assert sorted(map(len, (t for _, t in engine.saved))) == sorted([len(b), len(longer)])
+    assert any(t == b for _, t in engine.saved) and any(t == longer for _, t in engine.saved)
+    for seq, text in engine.saved:
+        assert ctx.cells(seq) == text
+    near = ask(longer[:-10] + fake_prompt(3, 13))  # c saved, in b's place; near parts from longer late
+    assert len(near) - common_prefix(near, longer) < MIN_SAVED
+    assert sorted(t for _, t in engine.saved) == sorted([c, longer])
+    ask(fake_prompt(45, 14))  # near is not worth a sequence of its own: nothing evicted for it
+    assert sorted(t for _, t in engine.saved) == sorted([c, longer])
