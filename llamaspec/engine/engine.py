@@ -82,8 +82,10 @@ from .target import Processor, Target, walk
 # Prompt tokens a lane reads per step while other lanes decode (so that a long prompt joining
 # delays them by a fraction of a second, not by its whole evaluation).
 PREFILL_CHUNK = 64
-# The shortest text a lane leaves behind that is saved for a later prompt (Engine._save).
+# The shortest text a lane leaves behind that is saved for a later prompt, and the fewest tokens
+# of it no lane or saved text holds (Engine._save).
 MIN_SAVED = 32
+MIN_NEW = 8
 # Prompt tokens read per decode with a row of logits each (echo with log-probabilities): 64 rows
 # of a 152k vocabulary are 39 MB of logits.
 ECHO_CHUNK = 64
@@ -357,15 +359,15 @@ class Engine:
     def _save(self, ln: Lane, keep: int, spare: Optional[int]) -> None:
         """``ln``'s home is to keep only ``keep`` tokens of its text: the text is saved on a
         sequence of its own, unless what no lane or saved text holds of it already is too short
-        to be worth one (two lanes' answers to one prompt that part at a near-tie are one text
-        and a tail). It takes the sequence of a saved text it goes on from, else a free one,
+        to be worth one (two lanes' answers to one prompt that part a few tokens before their
+        end). It takes the sequence of a saved text it goes on from, else a free one,
         else the least recently used saved text's but ``spare``'s. Saved texts give their cells
         back as lanes need them (``_room``)."""
         text = ln.cached
         if keep >= len(text) or len(text) < MIN_SAVED:
             return
         others = [o.cached for o in self.lanes if o is not ln] + [t for _, t in self.saved]
-        if len(text) - max([keep] + [common_prefix(t, text) for t in others]) < MIN_SAVED:
+        if len(text) - max([keep] + [common_prefix(t, text) for t in others]) < MIN_NEW:
             return
         extended = [i for i, (s, t) in enumerate(self.saved) if s != spare and common_prefix(t, text) == len(t)]
         if extended:

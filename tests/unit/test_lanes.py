@@ -19,7 +19,7 @@ from llamaspec.sources.consensus import ConsensusSource, Siblings, candidates, e
 from llamaspec.planning.costs import CostCurve, CostModel
 from llamaspec.errors import ConfigError, LlamaspecWarning
 from llamaspec.engine.generation import make_config
-from llamaspec.engine.engine import MIN_SAVED, Engine
+from llamaspec.engine.engine import MIN_NEW, Engine
 from llamaspec.sequences import common_prefix
 from llamaspec.sources.lookahead import LookaheadSource
 from llamaspec.sources.lookup import LookupSource
@@ -456,14 +456,13 @@ def test_a_text_a_lane_left_is_saved_for_a_later_prompt_and_evicted_for_room():
 def test_a_saved_text_is_replaced_by_one_that_goes_on_from_it_and_a_near_copy_is_not_saved():
     """Two saved texts: a text that goes on from a saved one takes that one's sequence (the
     other stays), and a text that only a short tail parts from a saved one is not saved at all
-    (two lanes' answers to one prompt parting at a near-tie)."""
+    (two lanes' answers to one prompt parting a few tokens before their end)."""
     ctx = FakeContext(n_ctx=4096, n_batch=256, sharp=True)
     engine = Engine(ctx, 1, n_saved=2)
     sched = Scheduler(engine, FakeModel(), lambda text: [LookupSource()], Planner(FLAT), ctx.n_ctx, ctx.n_ctx)
-    config = make_config(max_tokens=20, temperature=0)
 
-    def ask(prompt):
-        request = Request(prompt, config)
+    def ask(prompt, max_tokens=20):
+        request = Request(prompt, make_config(max_tokens=max_tokens, temperature=0))
         run_all(sched, [request], ctx)
         return prompt + request.results[0].tokens[:-1]  # what the lane's home holds after it
     a = ask(fake_prompt(60, 7))
@@ -474,8 +473,8 @@ def test_a_saved_text_is_replaced_by_one_that_goes_on_from_it_and_a_near_copy_is
     assert any(t == b for _, t in engine.saved) and any(t == longer for _, t in engine.saved)
     for seq, text in engine.saved:
         assert ctx.cells(seq) == text
-    near = ask(longer[:-10] + fake_prompt(3, 13))  # c saved, in b's place; near parts from longer late
-    assert len(near) - common_prefix(near, longer) < MIN_SAVED
+    near = ask(longer[:-2] + fake_prompt(1, 13), 3)  # c saved, in b's place; near parts from longer late
+    assert len(near) - common_prefix(near, longer) < MIN_NEW
     assert sorted(t for _, t in engine.saved) == sorted([c, longer])
     ask(fake_prompt(45, 14))  # near is not worth a sequence of its own: nothing evicted for it
     assert sorted(t for _, t in engine.saved) == sorted([c, longer])
