@@ -73,7 +73,7 @@ def test_plain_is_llama_completion(request, plain_greedy, model_file, tmp_path, 
     assert theirs == ours.text, (theirs, ours.text)
 
 
-@CASES
+@pytest.mark.parametrize("name, i", [(SMOL, 1), (SMOL, 2)], ids=["smol-1", "smol-2"])  # the 1.5B: llama-completion's
 def test_plain_is_llama_simple(request, plain_greedy, model_file, name, i):
     assert weight_repacking(), "llama-simple repacks weights: build llama-cpp-python as the README says (no AMX)"
     prompt, plain = RAW[i], request.getfixturevalue(PLAIN[name])
