@@ -35,7 +35,7 @@ from .planning.acceptance_model import AcceptanceModel
 from .planning.costs import CostCurve, CostModel, load_or_measure, load_or_measure_draft
 from .planning.planner import MAX_LEAVES, Planner
 from .sources.base import Source
-from .sources.registry import Registry, Setup, Target, TextContext
+from .sources.registry import Registry, Room, Setup, Target, TextContext
 
 # Texts decoded together at most (the samples of one prompt; each is a KV-cache sequence).
 MAX_SAMPLES = 16
@@ -91,14 +91,14 @@ class Assembly:
         if references and not names & set(readers):
             raise ConfigError(f"references are read by the {' and '.join(readers)} sources; --spec runs none of them")
         self.spec_name = self.registry.label(names, spec)
-        context = Target(target.n_ctx, target.n_batch, MAX_LEAVES)
-        room = self.registry.room(names, configs, context, spec.fixed)
+        rooms = self.registry.rooms(names, configs, Target(target.n_ctx, target.n_batch, MAX_LEAVES), spec.fixed)
+        room = Room.together(rooms.values(), MAX_LEAVES)
         self.leaves = room.branches
         self.scratch = room.branches + room.own  # the sequences a step's branches and the sources' own may use
         plugins = [p for p in self.registry.plugins if p.name in names]
         self.hidden = room.hidden  # the target's decodes output hidden states
         if self.hidden and target.rpc:
-            readers = [p.name for p in plugins if p.hooks.room(configs[p.name], context).hidden]
+            readers = [name for name, r in rooms.items() if r.hidden]
             raise ConfigError(f"the {' and '.join(readers)} source reads the target's hidden states, which a "
                               f"model on RPC servers does not return")
         checked = {p.name: p.hooks.check(configs[p.name]) for p in plugins}  # before any model

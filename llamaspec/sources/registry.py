@@ -153,6 +153,11 @@ class Room:
         """What two sources need together: the most branches, both one's own sequences."""
         return Room(max(self.branches, other.branches), self.own + other.own, self.hidden or other.hidden)
 
+    @staticmethod
+    def together(rooms: Iterable["Room"], leaves: int) -> "Room":
+        """What sources need together, with at least ``leaves`` branches."""
+        return sum(rooms, Room(leaves))
+
 
 class Hooks:
     """What a source does at each moment of a LlamaSpec's life, beside being built for each
@@ -374,15 +379,12 @@ class Registry:
         return [p.build(setups.get(p.name, Setup()), text) for p in self.plugins
                 if p.name in names and p.needs <= met]
 
-    def room(self, names: FrozenSet[str], configs: Mapping[str, Any], target: Target,
-             fixed: FrozenSet[str]) -> Room:
-        """What the sources of ``names`` need of the target's context together (at least
-        ``target.leaves`` branches)."""
-        room = Room(target.leaves)
-        for p in self.plugins:
-            if p.name in names:
-                room = room + p.hooks.room(configs[p.name], dataclasses.replace(target, whole=p.name in fixed))
-        return room
+    def rooms(self, names: FrozenSet[str], configs: Mapping[str, Any], target: Target,
+              fixed: FrozenSet[str]) -> Dict[str, Room]:
+        """What each source of ``names`` needs of the target's context (``Room.together``: all
+        of them), each told whether it is verified whole (``fixed``)."""
+        return {p.name: p.hooks.room(configs[p.name], dataclasses.replace(target, whole=p.name in fixed))
+                for p in self.plugins if p.name in names}
 
     def on_draft_model(self) -> List[str]:
         """The sources that run on a draft model (-md): those with something to load where one

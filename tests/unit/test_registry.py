@@ -171,11 +171,12 @@ def test_hooks_default_to_nothing_and_rooms_add_up():
     assert "simple" in registry.resolve(SpecConfig(), frozenset())
     assert registry.resolve(SpecConfig(frozenset({"simple"})), frozenset()) == {"simple"}
     target = Target(n_ctx=4096, n_batch=512, leaves=4)
-    assert registry.room(frozenset({"simple"}), configs, target, frozenset()) == Room(4)
-    both = registry.room(frozenset({"simple", "lookahead", "heads"}), configs, target, frozenset())
-    assert both == Room(branches=4, own=5, hidden=True)
-    assert registry.room(frozenset({"lookahead"}), registry.configs({"lookahead_g": 9}), target,
-                         frozenset()).branches == 9
+
+    def room(names, configs):
+        return Room.together(registry.rooms(frozenset(names), configs, target, frozenset()).values(), 4)
+    assert room({"simple"}, configs) == Room(4)
+    assert room({"simple", "lookahead", "heads"}, configs) == Room(branches=4, own=5, hidden=True)
+    assert room({"lookahead"}, registry.configs({"lookahead_g": 9})).branches == 9
 
 
 def test_the_simplest_source_in_the_plugin_docs_registers_and_proposes():
