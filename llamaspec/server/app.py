@@ -48,6 +48,8 @@ DRAIN_CHECK = 0.1
 RELOAD_EVERY = 2.0
 # Levels a request body may nest (a JSON schema of 200 levels takes about 400).
 MAX_BODY_DEPTH = 512
+# The ASGI scope's mark that a streamed response sent its last event (see RequestLog).
+SENT_ALL = "llamaspec.sent_all"
 
 # What the preflight (OPTIONS) of a page whose origin --cors-origin allows is told it may send.
 CORS_METHODS = "GET, POST, OPTIONS"
@@ -539,11 +541,20 @@ class EventStream(StreamingResponse):
     the garbage collector, and with it the next request's turn.)"""
 
     async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        source = self.body_iterator
+
+        async def marked() -> AsyncIterator[Any]:
+            async for event in source:
+                yield event
+            scope[SENT_ALL] = True  # a client that leaves now has had every event
+
+        self.body_iterator = marked()
         try:
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self.body_iterator.aclose()
+                await source.aclose()  # type: ignore[attr-defined]
 
 
 class Chunks:
@@ -610,7 +621,8 @@ async def _events(chunks: Chunks, turn: Turn, events: Events, served: Served) ->
 class RequestLog:
     """ASGI middleware: one line per request, when its response has been sent: its status, or
     ``499 (client gone)`` when the client left before the whole response was sent (nginx's
-    code)."""
+    code). A client that closes a stream as soon as its last event arrives (``[DONE]``) has had
+    the whole response, though the stream's closing chunk may not have been written yet."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
@@ -637,5 +649,5 @@ class RequestLog:
             await self.app(scope, receiving, sending)
         finally:
             client = scope.get("client") or ("-", 0)
-            code = "499 (client gone)" if gone[0] else str(status[0])
+            code = "499 (client gone)" if gone[0] and not scope.get(SENT_ALL) else str(status[0])
             log.info("%s %s %s %s %.2f s", client[0], scope["method"], scope["path"], code, time.perf_counter() - t0)

@@ -23,6 +23,8 @@ def test_two_turns_against_llamaspec_serve_reuse_the_prefix(model_file, tmp_path
     finally:
         errors = server.stop()
     assert result.exit_code == 0, result.output + errors[-2000:]
+    # the client closes each stream at its [DONE]: the whole answer was sent, not a client gone
+    assert errors.count("POST /v1/chat/completions 200") == 2, errors[-2000:]
     report = json.loads(out.read_text())
     first, second = report["turns"]
     assert len(report["turns"]) == 2 and [first["kind"], second["kind"]] == Transcript.load().kinds[:2]
