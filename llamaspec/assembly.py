@@ -130,9 +130,8 @@ class Assembly:
             curve = target_curve()
             curves = {n: loaded.curve for n, loaded in self.loaded.items() if getattr(loaded, "curve", None)}
             self.costs = CostModel(curve, curves or None)
-            self.setups = {n: Setup(configs[n], self.loaded.get(n), self.model.piece) for n in names}
-            self.references = tuple(tuple(self.model.tokenize(text, add_special=False, parse_special=False))
-                                    for text in references)
+            self.setups = {n: Setup(configs[n], self.loaded.get(n), self.model.piece, self._tokenize) for n in names}
+            self.references = tuple(tuple(self._tokenize(text)) for text in references)
             self.grammars = GrammarVocabulary(self.model)  # its tokenizer built when a first request has a grammar
         except BaseException:  # nothing half-loaded stays behind
             self.close()
@@ -142,6 +141,10 @@ class Assembly:
     def draft_models(self) -> List[Model]:
         """The models the sources loaded (a draft model)."""
         return list(self._resources.models) if self._resources is not None else []
+
+    def _tokenize(self, text: str) -> List[int]:
+        """A text's tokens as the sources read them: no special tokens added or parsed."""
+        return self.model.tokenize(text, add_special=False, parse_special=False)
 
     def acceptance_model(self) -> AcceptanceModel:
         return AcceptanceModel(self.registry.priors(), self.registry.overall())

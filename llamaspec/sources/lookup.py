@@ -19,6 +19,11 @@ answers a match is accepted far more often the more occurrences go on alike (doc
 Besides n-gram matches, lookup follows one anchor, the place the text is copying from (see
 PromptLookup); its tokens are ``Anchored`` (fresh, in step, out of step, resumed).
 
+A tool call copies a file the prompt holds into a JSON string: its line breaks written ``\n``,
+its quotes ``\"``, so that the file's own tokens match only between them. Given the vocabulary's
+tokenizer, lookup also reads each prompt's text as a JSON string's contents (the escaped view),
+so that such a copy is found and followed like any other.
+
 A text copies itself (a phrase said again, a list's next item) less surely than it copies the
 prompt or a reference: where the anchor is in the text being written, and where an n-gram match
 of at least OWN_MATCH tokens goes on as only the text being written did (support 1), the
@@ -27,6 +32,7 @@ tokens' evidence says so (``own``), with priors of their own.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
@@ -229,31 +235,36 @@ class PromptLookup:
     """
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
-                 piece: Optional[Callable[[int], bytes]] = None) -> None:
+                 piece: Optional[Callable[[int], bytes]] = None,
+                 tokenize: Optional[Callable[[str], List[int]]] = None) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.piece = piece or _symbol
+        self.tokenize = tokenize if piece is not None else None
         self.history = TokenIndex(ngram_min, ngram_max)
         self.references: List[TokenIndex] = []
         for ref in references:
             index = TokenIndex(ngram_min, ngram_max)
             index.extend(ref)
             self.references.append(index)
+        self.escaped = TokenIndex(ngram_min, ngram_max)  # the prompt's text as a JSON string's contents
         self.anchor: Optional[Anchor] = None
         self.start: Optional[int] = None  # where the text being written starts (its first token)
         self.edits: Dict[int, Tuple[int, int]] = {}  # source token id -> (times copied, times edited there)
 
     def _indexes(self) -> List[TokenIndex]:
-        return [self.history, *self.references]
+        """The sources: the history (0), the references, the prompt's escaped view (last)."""
+        return [self.history, *self.references, self.escaped]
 
     def _limit(self, i: int) -> int:
         """How far source i may be copied: the history only up to the text's last token."""
-        return len(self.history.tokens) if i == 0 else len(self.references[i - 1].tokens)
+        return len(self._indexes()[i].tokens)
 
     def follow(self, tokens: Sequence[int]) -> None:
         """Index ``tokens`` as the history and move the anchor along what was appended."""
         n = len(self.history.tokens)
         if self.start is None or len(tokens) <= self.start:
             self.start = len(tokens) - 1  # a new text: the prompt, and its first token pending
+            self._escape(tokens)
         if self.history.follow(tokens) < n:
             self.anchor = None  # the text was cut: start over
             return
@@ -279,6 +290,19 @@ class PromptLookup:
     def end_text(self) -> None:
         """The text being written is complete: the next one starts after the next prompt."""
         self.start = None
+
+    def _escape(self, prompt: Sequence[int]) -> None:
+        """Index the escaped view of a new text's ``prompt``: its text as the contents of a JSON
+        string (what a tool call's arguments copy it as), where escaping changes it."""
+        if self.anchor is not None and self.anchor.index == len(self.references) + 1:
+            self.anchor = None
+        self.escaped = TokenIndex(self.ngram_min, self.ngram_max)
+        if self.tokenize is None:
+            return
+        text = b"".join(self.piece(t) for t in prompt).decode("utf-8", errors="replace")
+        escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+        if escaped != text:
+            self.escaped.extend(self.tokenize(escaped))
 
     def _realign(self, a: Anchor) -> None:
         """Move the anchor to the token boundary around it where the source's text ends with as
@@ -316,19 +340,12 @@ class PromptLookup:
         hist = self.history.tokens
         end = len(hist)
         indexes = self._indexes()
-        seen: Dict[Tuple[int, int], None] = {}  # (index, end) of occurrences already scored
-        scored: List[Tuple[int, int, int, int]] = []  # (agreement, recency, index, end)
-        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
-            key = tuple(hist[end - n:])
-            for i, index in enumerate(indexes):
-                limit = self._limit(i)
-                for e in islice(reversed(index.ends(key)), SCAN):
-                    if e >= limit or (i, e) in seen:
-                        continue
-                    seen[(i, e)] = None
-                    scored.append((agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
-            if len({indexes[i].tokens[e] for _, _, i, e in scored}) >= max_candidates:
-                break
+        view = len(indexes) - 1
+        scored = self._occurrences(range(view), max_candidates)
+        # The escaped view only where it agrees longer than the text itself and the references:
+        # elsewhere its occurrences are twins of theirs (the same text up to a line break).
+        best = max((s[0] for s in scored), default=0)
+        scored += [s for s in self._occurrences([view], max_candidates) if s[0] > best]
         scored.sort(key=lambda s: (-s[0], -s[1]))
         a = self.anchor
         written = end - self.start if self.start is not None else 0
@@ -356,6 +373,28 @@ class PromptLookup:
                 own = self._written(i, e) and agree >= OWN_MATCH and support[0] == 1
                 found.append((cont, tuple(Matched(s, length_bucket(agree + j), own) for j, s in enumerate(support))))
         return found
+
+    def _occurrences(self, sources: Sequence[int], max_candidates: int) -> List[Tuple[int, int, int, int]]:
+        """The occurrences in ``sources`` (indexes of ``_indexes()``) of the history's last
+        n-grams, longest first, until ``max_candidates`` distinct tokens follow them: (agreement,
+        recency, index, end)."""
+        hist = self.history.tokens
+        end = len(hist)
+        indexes = self._indexes()
+        seen: Dict[Tuple[int, int], None] = {}  # (index, end) of occurrences already scored
+        scored: List[Tuple[int, int, int, int]] = []
+        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
+            key = tuple(hist[end - n:])
+            for i in sources:
+                index, limit = indexes[i], self._limit(i)
+                for e in islice(reversed(index.ends(key)), SCAN):
+                    if e >= limit or (i, e) in seen:
+                        continue
+                    seen[(i, e)] = None
+                    scored.append((agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
+            if len({indexes[i].tokens[e] for _, _, i, e in scored}) >= max_candidates:
+                break
+        return scored
 
     def _written(self, index: int, pos: int) -> bool:
         """Whether ``pos`` of source ``index`` is in the text being written."""
@@ -425,8 +464,9 @@ class LookupSource(Source):
     past_forced = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, references: Sequence[Sequence[int]] = (),
-                 max_len: int = 31, piece: Optional[Callable[[int], bytes]] = None) -> None:
-        self.lookup = PromptLookup(ngram_min, ngram_max, references, piece)
+                 max_len: int = 31, piece: Optional[Callable[[int], bytes]] = None,
+                 tokenize: Optional[Callable[[str], List[int]]] = None) -> None:
+        self.lookup = PromptLookup(ngram_min, ngram_max, references, piece, tokenize)
         self.max_len = max_len
 
     def propose(self, tokens: Sequence[int], budget: Budget, sampling: SamplingConfig,
@@ -494,5 +534,5 @@ PLUGIN = Plugin(
     name="lookup", describe="lookup alone: copies of the prompt and the output",
     config=LookupConfig(), options=OPTIONS,
     build=lambda setup, text: LookupSource(setup.config.ngram_min, setup.config.ngram_max, text.references,
-                                           setup.config.draft_max, setup.piece),
+                                           setup.config.draft_max, setup.piece, setup.tokenize),
     priors=_priors(), overall=OTHER, reads_references=True, flags=frozenset({"alone"}))

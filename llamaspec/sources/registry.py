@@ -100,11 +100,13 @@ class TextContext:
 @dataclass(frozen=True)
 class Setup:
     """What a LlamaSpec holds for one source, from which it is built for each generation: its
-    ``config``, what its plugin ``loaded`` (None: nothing) and the vocabulary's bytes (``piece``)."""
+    ``config``, what its plugin ``loaded`` (None: nothing), the vocabulary's bytes (``piece``)
+    and its tokenizer (``tokenize``: text to tokens, no special tokens added or parsed)."""
 
     config: Any = None
     loaded: Any = None
     piece: Optional[Callable[[int], bytes]] = None
+    tokenize: Optional[Callable[[str], List[int]]] = None
 
 
 class Resources(Protocol):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from llamaspec import ConfigError, LookupConfig, SamplingConfig
+from llamaspec import ConfigError, Grammar, LookupConfig, SamplingConfig
 from llamaspec.cli import cli
 from llamaspec.planning.acceptance_model import AcceptanceModel
 from llamaspec.sources.base import Budget, length_bucket
@@ -91,6 +91,39 @@ def test_an_answer_saying_its_own_phrases_again_copies_itself_as_such(qwen_plain
 def test_kv_invariant_with_lookup_and_sampling(qwen_lookup):
     (result,) = generate_checked(qwen_lookup, qwen_lookup.tokenize(CODE_EDIT), max_tokens=40, temperature=0.7, seed=3)
     check_stats(result.stats, 40)
+
+
+GREET = '''def greet(name):
+    """Say hello to "name"."""
+    if not name:
+        raise ValueError("a name, please")
+    return f"Hello, {name}!"
+'''
+FILE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+               "required": ["path", "content"], "additionalProperties": False}
+
+
+def test_a_file_copied_into_a_json_string_is_followed_in_the_prompts_escaped_view(module_spec, qwen_lookup, reference):
+    """Asked to write a file of its prompt as JSON, the model writes the file escaped (``\\n``,
+    ``\\"``): lookup, reading the prompt's escaped view, offers the next token right far more
+    often than without it, and the text is plain decoding's, every cache checked after each step."""
+    plain = module_spec(QWEN_DRAFT, spec="none")
+    messages = [{"role": "user", "content": f"Here is greet.py:\n\n{GREET}\nWrite it unchanged as JSON: its path, "
+                                            "then its content."}]
+    prompt, _ = plain.chat_prompt(messages)
+    grammar = Grammar.json_schema(FILE_SCHEMA)
+    answer = plain.generate(prompt, max_tokens=96, temperature=0, grammar=grammar)
+    assert '\\n    if not name:\\n' in answer.text, answer.text
+    (result,) = generate_checked(qwen_lookup, prompt, max_tokens=96, temperature=0, grammar=grammar)
+    check_greedy(reference(QWEN_DRAFT), prompt, answer.tokens, result.tokens, "qwen 0.5b lookup, escaped", n=96)
+    tokenize = lambda text: plain.model.tokenize(text, add_special=False, parse_special=False)  # noqa: E731
+    right = {}
+    for name, source in (("view", LookupSource(piece=plain.model.piece, tokenize=tokenize)),
+                         ("none", LookupSource(piece=plain.model.piece))):
+        offered = [source.propose([*prompt, *answer.tokens[:i]], Budget(8), SamplingConfig(temperature=0),
+                                  np.random.default_rng(0)).candidates for i in range(len(answer.tokens))]
+        right[name] = sum(bool(c) and c[0].tokens[0] == t for c, t in zip(offered, answer.tokens))
+    assert right["view"] >= right["none"] + 10, (right, answer.text)
 
 
 def test_reference_documents_are_copied(make_spec, smol_plain, reference):

@@ -301,3 +301,49 @@ def test_a_realignment_inside_an_insertion_is_undone_when_the_copy_does_not_go_o
     for n in (len(text) - 1, len(text)):
         lookup.follow(text[:n])
     assert lookup.find(8, 4)[0][0][:3] == [15, 16, 17]
+
+
+def test_a_copy_into_a_json_string_is_found_in_the_prompts_escaped_view():
+    """A tool call copies a file of the prompt into a JSON string: each line break written
+    ``\\n``, each quote ``\\"``. With a byte for a token, the call's last four tokens (``\\n  r``)
+    occur nowhere in the prompt, which has a real line break there; its escaped view has them,
+    and the escaped continuation follows. Without a tokenizer there is no view."""
+    def piece(t: int) -> bytes:
+        return bytes([t])
+
+    def tokenize(text: str) -> list:
+        return list(text.encode())
+
+    prompt = list(b'file:\ndef f():\n  return "ok"\nend\n')
+    text = prompt + list(b'{"arguments": {"content": "def f():\\n  r')
+    escaped = PromptLookup(1, 4, piece=piece, tokenize=tokenize)
+    escaped.follow(prompt)
+    escaped.follow(text)
+    assert bytes(escaped.find(24, 4)[0][0]) == b'eturn \\"ok\\"\\nend\\n'
+    plain = PromptLookup(1, 4, piece=piece)
+    plain.follow(prompt)
+    plain.follow(text)
+    assert all(not bytes(cont).startswith(b"eturn \\") for cont, _ in plain.find(16, 4))
+    # the next prompt gets its own view; the old one's anchor is dropped with it
+    escaped.end_text()
+    nxt = list(b'other "x"\n')
+    escaped.follow(nxt)
+    assert bytes(escaped.escaped.tokens) == b'other \\"x\\"\\n' and escaped.anchor is None
+
+
+def test_the_escaped_view_adds_nothing_where_the_text_copies_the_prompt_as_it_is():
+    """Copying the prompt's text itself, every occurrence in the escaped view agrees no longer
+    than the prompt's own (it parts at the line break): the candidates and their evidence are
+    those found without the view."""
+    def piece(t: int) -> bytes:
+        return bytes([t])
+
+    prompt = list(b'file:\ndef f():\n  return "ok"\nend\n')
+    text = prompt + list(b'def f():\n  r')
+    found = []
+    for tokenize in (lambda s: list(s.encode()), None):
+        lookup = PromptLookup(1, 4, piece=piece, tokenize=tokenize)
+        lookup.follow(prompt)
+        lookup.follow(text)
+        found.append(lookup.find(24, 4))
+    assert found[0] == found[1] and bytes(found[0][0][0]).startswith(b'eturn "ok"\nend')
