@@ -28,6 +28,7 @@ from ..planning.costs import CostCurve, CostModel, cached_curve
 from ..planning.planner import Planner
 from ..planning.speculator import Speculator
 from ..sources import installed_registry
+from ..sources.lookup import escaped_view
 from ..sources.registry import Setup, TextContext
 from ..training import TrainConfig, train_heads
 from ..training.train import LARGE, READ_SHARE, SMALL, SMALL_TARGET
@@ -146,12 +147,15 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], refer
     # lookup, and what joins it where its files are given (the n-gram caches), loaded with no model
     loadable = frozenset(p.name for p in registry.plugins if p.loads_from(configs[p.name], None))
     names = registry.resolve(SpecConfig(frozenset({"lookup"})), loadable)
+    def tokenize(text: str) -> List[int]:
+        return vocab.tokenize(text, add_special=False, parse_special=False)
+
     setups = {}
     for name in names:
         p = registry[name]
         checked = p.hooks.check(configs[name])
         loaded = p.hooks.load(configs[name], _Vocabulary(vocab), checked) if name in loadable else None
-        setups[name] = Setup(configs[name], loaded, vocab.piece)
+        setups[name] = Setup(configs[name], loaded, vocab.piece, tokenize)
     sources = registry.build(names, setups, TextContext(references=tuple(tuple(r) for r in refs)))
     stats = replay(prompt, text, Speculator(sources, AcceptanceModel(), Planner(CostModel(curve)), vocab.eog_tokens))
     click.echo(f"n_predict    = {stats.n_tokens}")
@@ -160,7 +164,7 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], refer
     click.echo(f"accept       = {stats.accept:.3f}%")
     click.echo(f"target calls = {stats.n_steps} ({stats.n_tokens / max(stats.n_steps, 1):.2f} tokens per call)")
     if measured:
-        bound = copy_oracle(prompt, text, curve.cost, curve.switch)
+        bound = copy_oracle(prompt, text, curve.cost, curve.switch, [*refs, escaped_view(prompt, vocab.piece, tokenize)])
         click.echo(f"predicted    = {stats.speedup:.2f}x plain decoding with the measured cost curve "
                    f"({curve.threads} threads, {curve.backend}: {curve_summary(curve)})")
         click.echo(f"copy oracle  = {bound:.2f}x ({100 * stats.speedup / bound:.0f}% of it reached)")

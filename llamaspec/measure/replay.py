@@ -145,29 +145,30 @@ def _knows(answer: Sequence[int], pos: int) -> Callable[[Candidate], List[float]
 
 
 def copy_oracle(prompt: Sequence[int], answer: Sequence[int], cost: Callable[[int, int], float],
-                switch: float = 0.0) -> float:
+                switch: float = 0.0, others: Sequence[Sequence[int]] = ()) -> float:
     """The best speed-up over plain decoding that verifying copied runs can give on ``answer``:
-    each step may verify the next m answer tokens when they occur, in a row, in the prompt or
-    the answer so far, at ``cost(1 + m, length of the text)``, and emits them plus one more token.
-    With a ``switch`` cost (a GPU's shapes: planning/shape.py), a decode may also be padded to
-    the last one's rows, and one of another row count costs ``switch`` more."""
-    hay = [*prompt, *answer]
+    each step may verify the next m answer tokens when they occur, in a row, in the prompt,
+    the answer so far or one of the ``others`` (references, the prompt's escaped view), at
+    ``cost(1 + m, length of the text)``, and emits them plus one more token. With a ``switch``
+    cost (a GPU's shapes: planning/shape.py), a decode may also be padded to the last one's
+    rows, and one of another row count costs ``switch`` more."""
     n_prompt, n = len(prompt), len(answer)
-    where: DefaultDict[int, List[int]] = defaultdict(list)
-    for j, t in enumerate(hay):
-        where[t].append(j)
-    longest = [0] * (n + 1)  # longest run answer[i:] that occurs in hay[:n_prompt + i]
-    for i in range(1, n):
-        end = n_prompt + i
-        best = 0
-        for j in where[answer[i]]:
-            if j >= end:
-                break
-            m = 0
-            while i + m < n and j + m < end and hay[j + m] == answer[i + m]:
-                m += 1
-            best = max(best, m)
-        longest[i] = best
+    longest = [0] * (n + 1)  # longest run answer[i:] that occurs in what may be copied at i
+    for k, hay in enumerate([[*prompt, *answer], *others]):
+        where: DefaultDict[int, List[int]] = defaultdict(list)
+        for j, t in enumerate(hay):
+            where[t].append(j)
+        for i in range(1, n):
+            end = n_prompt + i if k == 0 else len(hay)  # the answer only up to what is emitted
+            best = longest[i]
+            for j in where[answer[i]]:
+                if j >= end:
+                    break
+                m = 0
+                while i + m < n and j + m < end and hay[j + m] == answer[i + m]:
+                    m += 1
+                best = max(best, m)
+            longest[i] = best
     if switch <= 0:
         total = [0.0] * (n + 1)  # cost of emitting answer[i:] with answer[:i] emitted
         for i in range(n - 1, 0, -1):

@@ -120,6 +120,14 @@ class TokenIndex:
         return self._ends.get(ngram, [])
 
 
+def escaped_view(tokens: Sequence[int], piece: Callable[[int], bytes], tokenize: Callable[[str], List[int]]) -> List[int]:
+    """The tokens of ``tokens``' text escaped as a JSON string's contents (``\\n``, ``\\"``), as a
+    tool call's arguments copy it; none where escaping changes nothing."""
+    text = b"".join(piece(t) for t in tokens).decode("utf-8", errors="replace")
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+    return tokenize(escaped) if escaped != text else []
+
+
 def _symbol(token: int) -> bytes:
     """A token as bytes of its own, for comparing token lists as text."""
     return int(token).to_bytes(4, "big")
@@ -297,12 +305,8 @@ class PromptLookup:
         if self.anchor is not None and self.anchor.index == len(self.references) + 1:
             self.anchor = None
         self.escaped = TokenIndex(self.ngram_min, self.ngram_max)
-        if self.tokenize is None:
-            return
-        text = b"".join(self.piece(t) for t in prompt).decode("utf-8", errors="replace")
-        escaped = json.dumps(text, ensure_ascii=False)[1:-1]
-        if escaped != text:
-            self.escaped.extend(self.tokenize(escaped))
+        if self.tokenize is not None:
+            self.escaped.extend(escaped_view(prompt, self.piece, self.tokenize))
 
     def _realign(self, a: Anchor) -> None:
         """Move the anchor to the token boundary around it where the source's text ends with as

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -189,6 +190,18 @@ def test_cli_lookup_generate_create_and_stats(model_file, tmp_path):
     stats = run("lookup", "stats", "-m", smol, "-f", str(corpus))
     assert stats.exit_code == 0, stats.stderr
     assert "n_drafted" in stats.stdout and "n_accept" in stats.stdout
+
+
+def test_cli_lookup_stats_replays_a_copy_into_a_json_string_from_the_escaped_view(model_file, tmp_path):
+    """The replay reads the prompt's escaped view as generation does: a file of the prompt
+    written as a JSON string is mostly accepted (without the view: 18 of 60 tokens)."""
+    prompt, text = tmp_path / "prompt.txt", tmp_path / "text.json"
+    prompt.write_text(f"Here is greet.py:\n\n{GREET}\nWrite it as JSON.")
+    text.write_text(json.dumps({"path": "greet.py", "content": GREET}))
+    stats = run("lookup", "stats", "-m", str(model_file(QWEN_DRAFT)), "--prompt", str(prompt), "-f", str(text))
+    assert stats.exit_code == 0, stats.stderr
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", stats.stdout)
+    assert accepted and int(accepted.group(1)) >= 36, stats.stdout
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -69,3 +69,12 @@ def test_a_timed_replay_charges_each_step_the_host_s_time_its_planning_took(monk
     timed = replay(answer[:8], answer[8:], speculator(curve, ()), timed=True)
     assert untimed.cost == untimed.n_steps
     assert 3 * timed.n_steps <= timed.cost - untimed.cost < 10 * timed.n_steps
+
+
+def test_the_copy_oracle_copies_from_other_texts_too():
+    """Runs the answer takes from a text other than the prompt (a reference, the prompt's escaped
+    view) count, at any position of it."""
+    answer = [1, *range(100, 120)]
+    assert copy_oracle([1], answer, CostCurve.flat().cost) == 1.0
+    # one step verifies the 20 tokens after the first, all found in the other text
+    assert copy_oracle([1], answer, CostCurve.flat().cost, others=[[7, *range(100, 120), 8]]) == 20.0
