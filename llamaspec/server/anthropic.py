@@ -322,4 +322,4 @@ def _usage(result: Any) -> Dict[str, int]:
 
 def events(body: Any) -> TypedEvents:
     """How a message's stream is framed: typed events, Anthropic's error event."""
-    return TypedEvents(lambda message: error_body(500, message))
+    return TypedEvents(lambda message: error_body(500, message), frozenset({"message_stop"}))

@@ -48,8 +48,10 @@ DRAIN_CHECK = 0.1
 RELOAD_EVERY = 2.0
 # Levels a request body may nest (a JSON schema of 200 levels takes about 400).
 MAX_BODY_DEPTH = 512
-# The ASGI scope's mark that a streamed response sent its last event (see RequestLog).
+# The ASGI scope's mark that a streamed response sent its last event (see RequestLog), and what
+# an event stream yields, not sent, to set it.
 SENT_ALL = "llamaspec.sent_all"
+SENT = object()
 
 # What the preflight (OPTIONS) of a page whose origin --cors-origin allows is told it may send.
 CORS_METHODS = "GET, POST, OPTIONS"
@@ -545,8 +547,10 @@ class EventStream(StreamingResponse):
 
         async def marked() -> AsyncIterator[Any]:
             async for event in source:
-                yield event
-            scope[SENT_ALL] = True  # a client that leaves now has had every event
+                if event is SENT:
+                    scope[SENT_ALL] = True  # a client that leaves now has had every event
+                else:
+                    yield event
 
         self.body_iterator = marked()
         try:
@@ -596,16 +600,23 @@ class Chunks:
                 close()
 
 
-async def _events(chunks: Chunks, turn: Turn, events: Events, served: Served) -> AsyncIterator[str]:
-    """The chunks as server-sent ``events``. However the stream ends (finished, the client
-    gone, an error), the generation is closed and the next request's turn comes."""
+async def _events(chunks: Chunks, turn: Turn, events: Events, served: Served) -> AsyncIterator[Any]:
+    """The chunks as server-sent ``events``, and SENT once the last is sent (a generator resumes
+    when what it yielded has gone). However the stream ends (finished, the client gone, an
+    error), the generation is closed and the next request's turn comes."""
+    sent = False
     try:
         while True:
             read = await chunks.next()
             if not read:
                 break
             yield events.frame(read)
+            if events.ended() and not sent:
+                sent = True
+                yield SENT  # the generation may take a moment longer to close
         yield events.end()
+        if not sent:
+            yield SENT
     except LlamaspecError as e:  # after the headers: the error goes into the stream
         if isinstance(e, RemoteError):
             served.failed(e)

@@ -6,7 +6,7 @@ events of Anthropic's Messages and OpenAI's Responses APIs (``event: <type>`` be
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Protocol
+from typing import Any, Callable, Dict, FrozenSet, List, Protocol
 
 
 class Events(Protocol):
@@ -21,6 +21,10 @@ class Events(Protocol):
     def failed(self, message: str) -> str:
         """The event of an error after the stream started."""
 
+    def ended(self) -> bool:
+        """Whether the events framed so far hold the stream's last (a client may leave once they
+        are sent)."""
+
 
 class OpenAIEvents:
     """OpenAI's (and llama-server's): each chunk a ``data:`` line; with ``stream_options``'
@@ -30,6 +34,7 @@ class OpenAIEvents:
         options = getattr(body, "stream_options", None)
         self.include_usage = bool(options and options.include_usage)
         self.usage, self.last = None, None
+        self._ended = False
 
     def frame(self, chunks: List[Dict[str, Any]]) -> str:
         for chunk in chunks:
@@ -41,7 +46,11 @@ class OpenAIEvents:
         if self.include_usage and self.last is not None:
             head = {key: self.last[key] for key in ("id", "object", "created", "model")}
             tail = f"data: {json.dumps({**head, 'choices': [], 'usage': self.usage})}\n\n"
+        self._ended = True
         return tail + "data: [DONE]\n\n"
+
+    def ended(self) -> bool:
+        return self._ended
 
     def failed(self, message: str) -> str:
         body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
@@ -54,6 +63,7 @@ class NativeEvents(OpenAIEvents):
     chunk says ``"stop": true``)."""
 
     def end(self) -> str:
+        self._ended = True
         return ""
 
 
@@ -62,14 +72,21 @@ class TypedEvents:
     (``event: message_start``, then its ``data:``); nothing after the last; an error is an
     ``error`` event whose data ``failure(message)`` gives."""
 
-    def __init__(self, failure: Callable[[str], Dict[str, Any]]) -> None:
+    def __init__(self, failure: Callable[[str], Dict[str, Any]], last: FrozenSet[str]) -> None:
         self.failure = failure
+        self.last = last  # the types of the event that ends a stream
+        self._ended = False
 
     def frame(self, chunks: List[Dict[str, Any]]) -> str:
+        self._ended = self._ended or any(chunk["type"] in self.last for chunk in chunks)
         return "".join(f"event: {chunk['type']}\ndata: {json.dumps(chunk)}\n\n" for chunk in chunks)
 
     def end(self) -> str:
+        self._ended = True
         return ""
+
+    def ended(self) -> bool:
+        return self._ended
 
     def failed(self, message: str) -> str:
         return f"event: error\ndata: {json.dumps(self.failure(message))}\n\n"

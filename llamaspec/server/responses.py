@@ -445,7 +445,7 @@ class ResponseEvents(TypedEvents):
     ``error`` event numbered after the last event sent."""
 
     def __init__(self) -> None:
-        super().__init__(self._error)
+        super().__init__(self._error, frozenset({"response.completed", "response.incomplete"}))
         self.sent = -1  # the last event's sequence_number
 
     def frame(self, chunks: List[Dict[str, Any]]) -> str:

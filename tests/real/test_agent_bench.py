@@ -14,17 +14,18 @@ from llamaspec.measure.agent import Transcript
 
 
 @pytest.mark.slow
-def test_two_turns_against_llamaspec_serve_reuse_the_prefix(model_file, tmp_path):
+@pytest.mark.parametrize("api, path", [("chat", "/v1/chat/completions"), ("messages", "/v1/messages")])
+def test_two_turns_against_llamaspec_serve_reuse_the_prefix(model_file, tmp_path, api, path):
     server = Server("-m", str(model_file(QWEN_DRAFT)), "-t", str(THREADS), "-c", "4096")
     try:
         out = tmp_path / "out.json"
-        result = run("agent-bench", "--url", server.url, "--api", "chat", "--turns", "2", "--max-tokens", "16",
+        result = run("agent-bench", "--url", server.url, "--api", api, "--turns", "2", "--max-tokens", "16",
                      "--json", str(out), "--timeout", "120")
     finally:
         errors = server.stop()
     assert result.exit_code == 0, result.output + errors[-2000:]
     # the client closes each stream at its [DONE]: the whole answer was sent, not a client gone
-    assert errors.count("POST /v1/chat/completions 200") == 2, errors[-2000:]
+    assert errors.count(f"POST {path} 200") == 2, errors[-2000:]
     report = json.loads(out.read_text())
     first, second = report["turns"]
     assert len(report["turns"]) == 2 and [first["kind"], second["kind"]] == Transcript.load().kinds[:2]
