@@ -141,15 +141,16 @@ def lookup_stats(model: str, text_file: Path, prompt_file: Optional[Path], refer
         raise click.UsageError("the text is too short to replay")
     if not prompt:
         prompt, text = text[:1], text[1:]
-    refs = [vocab.tokenize(read_text(r), add_special=False, parse_special=False) for r in references]
+
+    def tokenize(content: str) -> List[int]:  # as the sources read texts: no special tokens
+        return vocab.tokenize(content, add_special=False, parse_special=False)
+
+    refs = [tokenize(read_text(r)) for r in references]
     measured = cached_curve(path, n_threads or default_threads(), models.cache_dir(cache_dir) / "costs.json")
     curve = measured or CostCurve.flat()
     # lookup, and what joins it where its files are given (the n-gram caches), loaded with no model
     loadable = frozenset(p.name for p in registry.plugins if p.loads_from(configs[p.name], None))
     names = registry.resolve(SpecConfig(frozenset({"lookup"})), loadable)
-    def tokenize(text: str) -> List[int]:
-        return vocab.tokenize(text, add_special=False, parse_special=False)
-
     setups = {}
     for name in names:
         p = registry[name]

@@ -22,8 +22,8 @@ class Events(Protocol):
         """The event of an error after the stream started."""
 
     def ended(self) -> bool:
-        """Whether the events framed so far hold the stream's last (a client may leave once they
-        are sent)."""
+        """Whether the events ``frame`` gave so far hold the stream's last, so that a client may
+        leave once they are sent (otherwise the last is what ``end`` gives)."""
 
 
 class OpenAIEvents:
@@ -34,7 +34,6 @@ class OpenAIEvents:
         options = getattr(body, "stream_options", None)
         self.include_usage = bool(options and options.include_usage)
         self.usage, self.last = None, None
-        self._ended = False
 
     def frame(self, chunks: List[Dict[str, Any]]) -> str:
         for chunk in chunks:
@@ -46,11 +45,10 @@ class OpenAIEvents:
         if self.include_usage and self.last is not None:
             head = {key: self.last[key] for key in ("id", "object", "created", "model")}
             tail = f"data: {json.dumps({**head, 'choices': [], 'usage': self.usage})}\n\n"
-        self._ended = True
         return tail + "data: [DONE]\n\n"
 
     def ended(self) -> bool:
-        return self._ended
+        return False  # the last event is end()'s
 
     def failed(self, message: str) -> str:
         body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
@@ -63,7 +61,6 @@ class NativeEvents(OpenAIEvents):
     chunk says ``"stop": true``)."""
 
     def end(self) -> str:
-        self._ended = True
         return ""
 
 
@@ -82,7 +79,6 @@ class TypedEvents:
         return "".join(f"event: {chunk['type']}\ndata: {json.dumps(chunk)}\n\n" for chunk in chunks)
 
     def end(self) -> str:
-        self._ended = True
         return ""
 
     def ended(self) -> bool:

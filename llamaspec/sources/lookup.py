@@ -263,10 +263,6 @@ class PromptLookup:
         """The sources: the history (0), the references, the prompt's escaped view (last)."""
         return [self.history, *self.references, self.escaped]
 
-    def _limit(self, i: int) -> int:
-        """How far source i may be copied: the history only up to the text's last token."""
-        return len(self._indexes()[i].tokens)
-
     def follow(self, tokens: Sequence[int]) -> None:
         """Index ``tokens`` as the history and move the anchor along what was appended."""
         n = len(self.history.tokens)
@@ -302,7 +298,7 @@ class PromptLookup:
     def _escape(self, prompt: Sequence[int]) -> None:
         """Index the escaped view of a new text's ``prompt``: its text as the contents of a JSON
         string (what a tool call's arguments copy it as), where escaping changes it."""
-        if self.anchor is not None and self.anchor.index == len(self.references) + 1:
+        if self.anchor is not None and self.anchor.index == len(self._indexes()) - 1:
             self.anchor = None
         self.escaped = TokenIndex(self.ngram_min, self.ngram_max)
         if self.tokenize is not None:
@@ -318,7 +314,7 @@ class PromptLookup:
         text = self._tail(hist, len(hist))
         need = len(self.piece(hist[-1]))
         best, best_pos = 0.0, -1
-        for p in range(max(a.pos - BEHIND, 1), min(a.pos + AHEAD, self._limit(a.index) - 1) + 1):
+        for p in range(max(a.pos - BEHIND, 1), min(a.pos + AHEAD, len(src) - 1) + 1):
             end = self.piece(src[p - 1])
             if end and end[-1:] != text[-1:]:  # not even the last byte agrees
                 continue
@@ -359,9 +355,9 @@ class PromptLookup:
             if scored[0][0] >= written:
                 a.copied = written  # everything written so far is a copy of it
         found: List[Tuple[List[int], Tuple[Evidence, ...]]] = []
-        if a is not None and a.pos < self._limit(a.index):
+        if a is not None and a.pos < len(indexes[a.index].tokens):
             src = indexes[a.index].tokens
-            cont = src[a.pos:min(a.pos + max_len, self._limit(a.index))]
+            cont = src[a.pos:a.pos + max_len]
             own = self._written(a.index, a.pos)
             if a.gap:
                 evidence = tuple(Anchored(OUT_OF_STEP, min(i, 4), own=own) for i in range(len(cont)))
@@ -371,7 +367,7 @@ class PromptLookup:
         for agree, _, i, e in scored:
             if len(found) == max_candidates:
                 break
-            cont = indexes[i].tokens[e:min(e + max_len, self._limit(i))]
+            cont = indexes[i].tokens[e:e + max_len]
             if cont and not any(k[:len(cont)] == cont for k, _ in found):  # nothing new: a prefix of one kept
                 support = self._support(cont, agree, scored)
                 own = self._written(i, e) and agree >= OWN_MATCH and support[0] == 1
@@ -390,9 +386,9 @@ class PromptLookup:
         for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
             key = tuple(hist[end - n:])
             for i in sources:
-                index, limit = indexes[i], self._limit(i)
+                index = indexes[i]
                 for e in islice(reversed(index.ends(key)), SCAN):
-                    if e >= limit or (i, e) in seen:
+                    if e >= len(index.tokens) or (i, e) in seen:
                         continue
                     seen[(i, e)] = None
                     scored.append((agreement(index.tokens, e, hist, end), e if i == 0 else -1, i, e))
@@ -419,7 +415,7 @@ class PromptLookup:
         that went on like ``cont`` up to that token go on there. CONTESTED when one goes on
         differently (and every later token), else how many go on alike, at most MAX_SUPPORT."""
         indexes = self._indexes()
-        peers = [(indexes[i].tokens, e, self._limit(i)) for a, _, i, e in scored if a >= agree]
+        peers = [(indexes[i].tokens, e, len(indexes[i].tokens)) for a, _, i, e in scored if a >= agree]
         out: List[int] = []
         for j, token in enumerate(cont):
             going = [(t, e, limit) for t, e, limit in peers if e + j < limit]  # a source may end first
