@@ -49,8 +49,11 @@ class CostCurve:
     ``context`` tokens in the KV cache. ``deep`` is the same with ``deep_context`` tokens: every
     row attends to every cached token, so behind a longer text a batch costs more, relative to a
     single token too (docs/results.md, "Tuning the planner by replaying recorded answers").
-    Between the two and beyond, the
-    milliseconds of a decode of n rows follow the length of the text linearly.
+    Each cached token adds a + b * n milliseconds to a decode of n rows (the decode reads its
+    keys and values once, each row computes its own attention over them): a and b are fitted,
+    not negative, over every size measured deep (``growth``), so that one size's noise, a
+    reading within a few milliseconds of its shallow one, does not make that size cheaper
+    behind a long text than behind a short one, many times over at thousands of tokens.
 
     On a GPU the costs are those of a decode after decodes of its own row count (replayed as a
     captured graph), and ``switch`` is what a decode of another row count costs more, in
@@ -78,9 +81,27 @@ class CostCurve:
         shallow = _at(self.relative, n) * self.ms_per_token
         if self.deep is None or length is None:
             return shallow
-        deep = _at(self.deep, n) * self.deep_ms_per_token
-        w = (max(length, 0) - self.context) / (self.deep_context - self.context)
-        return max(shallow + w * (deep - shallow), shallow / 2)  # a noisy measurement never makes it free
+        a, b = self._growth
+        return max(shallow + (a + b * n) * (max(length, 0) - self.context), shallow / 2)
+
+    def __post_init__(self) -> None:
+        self._growth = self.growth()
+
+    def growth(self) -> Tuple[float, float]:
+        """(a, b): a decode of n rows takes a + b * n milliseconds more for each cached token, the
+        least-squares line through what the sizes of DEEP_SIZES took more behind ``deep_context``
+        tokens than behind ``context``, with neither a nor b below 0."""
+        if self.deep is None or self.deep_context <= self.context:
+            return 0.0, 0.0
+        n = np.array(DEEP_SIZES, dtype=float)
+        extra = np.array([_at(self.deep, k) * self.deep_ms_per_token - _at(self.relative, k) * self.ms_per_token
+                          for k in DEEP_SIZES]) / (self.deep_context - self.context)
+        b, a = np.polyfit(n, extra, 1)
+        if a < 0:
+            a, b = 0.0, float(n @ extra / (n @ n))
+        if b < 0:
+            a, b = float(extra.mean()), 0.0
+        return max(float(a), 0.0), max(float(b), 0.0)
 
     @staticmethod
     def flat(n_max: int = N_MAX) -> "CostCurve":
@@ -247,10 +268,10 @@ def measure(ctx: Context, sizes: Sequence[int] = SIZES, repeats: int = 2, progre
     finally:
         bar.close()
         ctx.truncate(base)
-    curve = CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend, base + shallow, switch=switch)
-    if far is not None:
-        curve.deep, curve.deep_ms_per_token, curve.deep_context = _relative(far), 1000 * far[1], base + deep
-    return curve
+    if far is None:
+        return CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend, base + shallow, switch=switch)
+    return CostCurve(_relative(near), 1000 * near[1], ctx.threads, backend, base + shallow, _relative(far),
+                     1000 * far[1], base + deep, switch)
 
 
 def _time(ctx: Context, filler: Sequence[int], sizes: Sequence[int], repeats: int, bar: tqdm,

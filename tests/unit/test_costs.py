@@ -1,5 +1,6 @@
 """The cost model: measured curves, refined online from the wall time of every decode (no model)."""
 
+import numpy as np
 import pytest
 
 from llamaspec.planning.costs import REFERENCE_CPU, CostCurve, CostModel
@@ -26,6 +27,21 @@ def test_a_curve_measured_on_a_busy_machine_is_corrected_by_what_decodes_take():
     assert m.ms("target", 8) < REFERENCE_CPU.ms(8)
 
 
+def test_no_size_costs_less_behind_a_longer_text():
+    """The 2-core Xeon's curve (`llamaspec profile`): 3 and 14 rows measured dearer than 4 and 16
+    behind 256 tokens, the deep sizes (1, 2, 4, 8, 16, 32) smooth. Drawn size by size between the
+    two depths, 3 rows behind 3,400 tokens came to 1.06 single decodes (measured there: 2.3) and
+    14 rows to 3.0 (6.5): the planner bet 14 rows as if they cost 3."""
+    xeon = CostCurve([float(c) for c in np.interp(np.arange(1, 33), [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32],
+                                                  [1.0, 1.524, 1.931, 1.774, 2.637, 3.216, 3.812, 4.004, 4.551,
+                                                   4.007, 5.367, 6.248, 7.11, 6.995])], 64.0, 2, "cpu", 256,
+                     [float(c) for c in np.interp(np.arange(1, 33), [1, 2, 4, 8, 16, 32],
+                                                  [1.0, 1.512, 1.798, 3.29, 4.333, 7.643])], 70.7, 1024)
+    for n in range(1, 33):
+        assert xeon.ms(n, 256) <= xeon.ms(n, 1024) <= xeon.ms(n, 3400), n
+    assert xeon.cost(3, 3400) > xeon.cost(2, 3400) > 1.4 and xeon.cost(14, 3400) > 4.5
+
+
 def test_flat_curves_are_not_refined():
     m = CostModel(CostCurve.flat())
     m.observe("target", 8, 1.0)
@@ -43,19 +59,23 @@ def test_verify_costs_follow_the_observations_every_refresh():
 
 
 def test_costs_follow_the_length_of_the_text():
-    """Measured behind 256 and 1024 cached tokens (the numbers of a 2-core Xeon): a decode's
-    milliseconds follow the length linearly, between the two and beyond, so a batch of 16 costs
-    more single-token decodes behind a long text."""
-    curve = CostCurve([1.0] * 15 + [3.8] * 17, 60.0, 2, "cpu", 256, [1.0] * 15 + [4.3] * 17, 63.0, 1024)
+    """Measured behind 256 and 1024 cached tokens: each cached token adds a + b * n milliseconds
+    to a decode of n rows (fitted over the sizes measured deep), between the two and beyond, so
+    a batch of 16 costs more single-token decodes behind a long text."""
+    shallow = [1.0] * 15 + [3.8] * 17  # one token 60 ms
+    deep_ms = [60.0 * shallow[n - 1] + 768 * (0.002 + 0.004 * n) for n in range(1, 33)]
+    curve = CostCurve(shallow, 60.0, 2, "cpu", 256, [ms / deep_ms[0] for ms in deep_ms], deep_ms[0], 1024)
+    assert curve.growth() == pytest.approx((0.002, 0.004))
     assert curve.cost(16) == 3.8 and curve.cost(16, 256) == pytest.approx(3.8)
-    assert curve.cost(16, 1024) == pytest.approx(4.3)
-    assert curve.ms(16, 640) == pytest.approx((3.8 * 60 + 4.3 * 63) / 2)  # half way
-    assert curve.ms(1, 1792) == pytest.approx(66.0) and curve.ms(16, 1792) == pytest.approx(2 * 4.3 * 63 - 3.8 * 60)
+    assert curve.ms(16, 1024) == pytest.approx(deep_ms[15]) and curve.cost(16, 1024) > 4.0
+    assert curve.ms(16, 640) == pytest.approx((3.8 * 60 + deep_ms[15]) / 2)  # half way
+    assert curve.ms(1, 1792) == pytest.approx(60 + 1536 * 0.006)
     m = CostModel(curve)
+    at_1024 = curve.cost(16, 1024)
     assert m.verify(16) == pytest.approx(3.8)  # no length given: as measured
-    assert m.verify(16, 1024) == pytest.approx(4.3)
-    assert m.verify(16, 1024 + CostModel.LENGTH_STEP - 1) == pytest.approx(4.3)  # lengths count in steps
-    assert m.verify(16, 2048) > 4.3 and m.verify(16, 256) == pytest.approx(3.8)
+    assert m.verify(16, 1024) == pytest.approx(at_1024)
+    assert m.verify(16, 1024 + CostModel.LENGTH_STEP - 1) == pytest.approx(at_1024)  # lengths count in steps
+    assert m.verify(16, 2048) > at_1024 and m.verify(16, 256) == pytest.approx(3.8)
     # the refinement measures against the cost at the decode's length: a 16-row decode that takes
     # what the curve says there changes nothing
     m.observe("target", 1, curve.ms(1, 2048) / 1000, 2048)
