@@ -272,11 +272,14 @@ class Scheduler:
             raise
         for lane, step in steps:
             sample = self._samples[lane]
-            if sample.collector.stats.n_target_calls == 0:  # its first token: the prompt is read
+            first = sample.collector.stats.n_target_calls == 0
+            if first:  # its first token: the prompt is read
                 sample.collector.stats.t_prompt = time.perf_counter() - sample.admitted
                 sample.collector.clock()
                 sample.busy = self._busy(sample.speculator)  # t_llama is of the generation loop, as t_decode
             chunk, kept = sample.collector.take(step)
+            if first:
+                sample.collector.stats.n_first = kept
             ln = self.engine.lanes[lane]
             if kept < len(step.tokens):  # drop what the step accepted past the stop
                 self.engine.stop(lane, len(ln.tokens) - len(step.tokens) + kept)
@@ -422,6 +425,7 @@ def aggregate(results: Sequence[Result]) -> Stats:
         total.n_prompt_eval += s.n_prompt_eval
         total.t_prompt = max(total.t_prompt, s.t_prompt)
         total.n_predict += s.n_predict
+        total.n_first += s.n_first
         total.n_drafted += s.n_drafted
         total.n_accept += s.n_accept
         total.n_target_calls = max(total.n_target_calls, s.n_target_calls)

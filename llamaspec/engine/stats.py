@@ -52,8 +52,9 @@ class DraftCounts:
 class Stats(DraftCounts):
     """What happened in one generation (besides DraftCounts).
 
-    ``n_predict`` counts emitted tokens (an end-of-generation token included). Times are
-    wall-clock seconds.
+    ``n_predict`` counts emitted tokens (an end-of-generation token included), ``n_first`` those
+    of them the call that read the prompt chose: ``t_prompt`` runs to its end, ``t_decode`` from
+    there on, as llama-server's ``prompt_ms`` and ``predicted_ms``. Times are wall-clock seconds.
     """
 
     strategy: str = "plain"
@@ -63,6 +64,7 @@ class Stats(DraftCounts):
     n_prompt_eval: int = 0  # of those, evaluated now (the rest were reused from the KV cache)
     t_prompt: float = 0.0
     n_predict: int = 0
+    n_first: int = 0  # of which, the tokens of the call that read the prompt (its time is t_prompt's)
     n_target_calls: int = 0  # target llama_decode calls that chose tokens (the prompt's included)
     n_asked: int = 0  # of which, steps that asked the draft sources (see planning.gate)
     t_decode: float = 0.0  # generation loop, drafting included
@@ -85,7 +87,9 @@ class Stats(DraftCounts):
 
     @property
     def decode_tps(self) -> float:
-        return self.n_predict / self.t_decode if self.t_decode > 0 else 0.0
+        """The tokens after the first call over the time after it (``t_decode``), as
+        llama-server's ``predicted_per_second``: the first call's tokens came with the prompt."""
+        return (self.n_predict - self.n_first) / self.t_decode if self.t_decode > 0 else 0.0
 
     @property
     def python_share(self) -> float:

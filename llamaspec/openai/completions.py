@@ -303,7 +303,7 @@ def native_params(opts: Dict[str, Any], stream: bool = False) -> Response:
 def native_timings(stats: Stats) -> Response:
     """``timings`` with llama-server's per-token figures too."""
     return {**timings(stats), "prompt_per_token_ms": 1000 * stats.t_prompt / max(stats.n_prompt_eval, 1),
-            "predicted_per_token_ms": 1000 * stats.t_decode / max(stats.n_predict, 1)}
+            "predicted_per_token_ms": 1000 * stats.t_decode / max(stats.n_predict - stats.n_first, 1)}
 
 
 def _probabilities(spec: Generator, logprobs: Sequence[TokenLogprob]) -> List[Response]:

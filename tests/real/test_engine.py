@@ -34,6 +34,14 @@ def test_kv_invariant_after_every_step(request, fixture, temperature):
         assert 0 < stats.n_accept < stats.n_drafted
 
 
+def test_the_decode_time_starts_after_the_call_that_read_the_prompt(smol_auto):
+    """t_prompt runs to the first call's end, t_decode from there: the decode speed counts the
+    tokens after that call, as llama-server's predicted_per_second does."""
+    stats = smol_auto.generate(smol_auto.tokenize(PROMPTS[2]), max_tokens=24, temperature=0).stats
+    assert stats.n_first == 1 and stats.n_predict == 24 and stats.t_prompt > 0 and stats.t_decode > 0
+    assert stats.decode_tps == pytest.approx(23 / stats.t_decode)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_an_engine_that_overlaps_decodes_the_same_text_with_the_caches_in_step(smol_pair, temperature):
     """On a GPU each step queues the next decode before it returns (llama_decode does not wait

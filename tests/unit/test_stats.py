@@ -34,3 +34,9 @@ def test_idle_reasons_are_kept_until_the_source_runs():
     assert s.idle == {"draft": "draft idle: too dear"}
     s.record_step(Step(tokens=[2, 3], n_drafted=2, drafted={"draft": 2}, path_sources=(("draft",),), depth=2))
     assert s.idle == {}
+
+
+def test_decode_speed_counts_the_tokens_after_the_call_that_read_the_prompt():
+    """As llama-server's predicted_per_second: the first call's token came in the prompt's time."""
+    s = Stats(n_predict=32, n_first=1, t_decode=3.1)
+    assert s.decode_tps == 10.0 and Stats(n_predict=1, n_first=1, t_decode=0.01).decode_tps == 0.0
