@@ -413,7 +413,9 @@ class Turn:
     and ``decode_tps`` (output tokens after the first over the time after it; None where they
     came in one piece). Server side, None where it did not say: ``read_tokens`` (evaluated now),
     ``reused_tokens`` (from its cache), its own ``server_prefill_s`` and ``server_decode_tps``,
-    ``drafted`` and ``accepted`` tokens. ``new_tokens``: this prompt's tokens less the previous
+    ``server_decode_s`` (its decode time: servers count the tokens of one text differently, llama-server
+    the end-of-generation token that a tool call's grammar leaves unsampled, so the times of one
+    text compare where their speeds may not), ``drafted`` and ``accepted`` tokens. ``new_tokens``: this prompt's tokens less the previous
     turn's prompt (the recorded reply to it and the messages after), what a server that keeps
     the previous prompt must read at least; None for the first turn."""
 
@@ -429,6 +431,7 @@ class Turn:
     decode_tps: Optional[float]
     server_prefill_s: Optional[float]
     server_decode_tps: Optional[float]
+    server_decode_s: Optional[float]
     drafted: Optional[int]
     accepted: Optional[int]
 
@@ -449,6 +452,7 @@ def turn_of(number: int, kind: str, max_tokens: int, seen: Streamed, previous_pr
     output = _int(seen.output_tokens, timings.get("predicted_n"))
     return Turn(number, kind, max_tokens, prompt, read, reused, new, seen.first, output, decode_speed(seen, output),
                 _seconds(timings.get("prompt_ms")), _float(timings.get("predicted_per_second")),
+                _seconds(timings.get("predicted_ms")),
                 _int(timings.get("draft_n")), _int(timings.get("draft_n_accepted")))
 
 
@@ -504,10 +508,10 @@ class AgentReport:
     def table(self) -> str:
         """The per-turn table and the totals, as the CLI prints them."""
         head = ("turn", "kind", "prompt", "read", "reused", "new", "prefill s", "out", "decode t/s",
-                "srv prefill s", "srv t/s", "accepted/drafted")
+                "srv prefill s", "srv t/s", "srv decode s", "accepted/drafted")
         cells = [head] + [(str(t.turn), t.kind, _n(t.prompt_tokens), _n(t.read_tokens), _n(t.reused_tokens),
                            _n(t.new_tokens), _f(t.prefill_s, 2), _n(t.output_tokens), _f(t.decode_tps, 1),
-                           _f(t.server_prefill_s, 2), _f(t.server_decode_tps, 1),
+                           _f(t.server_prefill_s, 2), _f(t.server_decode_tps, 1), _f(t.server_decode_s, 2),
                            f"{t.accepted}/{t.drafted}" if t.drafted is not None else "-") for t in self.turns]
         s = self.totals
         median = f"medians of {self.repeat} runs, " if self.repeat > 1 else ""

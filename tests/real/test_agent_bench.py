@@ -38,6 +38,8 @@ def test_two_turns_against_llamaspec_serve_reuse_the_prefix(model_file, tmp_path
         assert 0 < turn["output_tokens"] <= 16 and turn["max_tokens"] == 16
         assert turn["prefill_s"] > 0 and turn["server_prefill_s"] > 0
         assert turn["server_decode_tps"] > 0
+        # the decode's seconds (not ms): at its speed, no more tokens than the turn wrote (and its end)
+        assert 0 < turn["server_decode_s"] * turn["server_decode_tps"] <= turn["output_tokens"] + 1
         # the client's own figure, where the text came in more than one piece (a tool call comes whole)
         assert turn["decode_tps"] is None or turn["decode_tps"] > 0
     assert report["totals"]["server_decode_tps"] > 0

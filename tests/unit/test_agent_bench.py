@@ -257,7 +257,7 @@ class FakeServer:
                                    "function": {"name": "read_file", "arguments": ""}}]},
                   {"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "a.py"}'}}]}]
         events += [(delay, data({"choices": [{"index": 0, "delta": d}]})) for delay, d in zip(self._pieces(), deltas)]
-        timings = {"prompt_n": prompt - cached, "cache_n": cached, "prompt_ms": 40.0, "predicted_per_second": 45.0,
+        timings = {"prompt_n": prompt - cached, "cache_n": cached, "prompt_ms": 40.0, "predicted_per_second": 45.0, "predicted_ms": 88.9,
                    "draft_n": 6, "draft_n_accepted": 4}
         events.append((0.0, data({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
                                   "timings": timings})))
@@ -325,6 +325,7 @@ def test_chat_turns_read_what_the_server_reports_and_time_the_stream(fake):
     for t in report.turns:
         assert t.output_tokens == 5 and (t.drafted, t.accepted) == (6, 4)
         assert t.server_prefill_s == pytest.approx(0.04) and t.server_decode_tps == 45.0
+        assert t.server_decode_s == pytest.approx(0.0889)
         assert t.prefill_s >= PREFILL
         assert 0 < t.decode_tps <= 4 / (4 * STEP) * 1.05  # 4 tokens after the first, STEP apart at least
     assert (report.totals.read_after_first, report.totals.new_after_first) == (200, 200)
@@ -352,7 +353,7 @@ def test_messages_turns_count_input_and_cache_reads_as_anthropic_does(fake):
     assert [r.read_tokens for r in report.turns] == [1000] + [100] * edit
     assert [r.reused_tokens for r in report.turns] == [0] + [1000 + 100 * k for k in range(edit)]
     for r in report.turns:  # no timings: the client's figures alone
-        assert (r.server_decode_tps, r.server_prefill_s, r.drafted) == (None, None, None)
+        assert (r.server_decode_tps, r.server_prefill_s, r.server_decode_s, r.drafted) == (None, None, None, None)
         assert r.prefill_s >= PREFILL and 0 < r.decode_tps <= 4 / (4 * STEP) * 1.05
     assert report.totals.edit_decode_tps == pytest.approx(report.turns[edit].decode_tps)
     assert report.totals.new_after_first == report.totals.read_after_first == 100 * edit
