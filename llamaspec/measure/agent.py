@@ -413,9 +413,9 @@ class Turn:
     and ``decode_tps`` (output tokens after the first over the time after it; None where they
     came in one piece). Server side, None where it did not say: ``read_tokens`` (evaluated now),
     ``reused_tokens`` (from its cache), its own ``server_prefill_s`` and ``server_decode_tps``,
-    ``server_decode_s`` (its decode time: servers count the tokens of one text differently, llama-server
-    the end-of-generation token that a tool call's grammar leaves unsampled, so the times of one
-    text compare where their speeds may not), ``drafted`` and ``accepted`` tokens. ``new_tokens``: this prompt's tokens less the previous
+    ``server_decode_s`` (its decode time, which compares across servers whatever tokens each
+    counts: llama-server's usage counts the end-of-generation token, llamaspec's does not),
+    ``drafted`` and ``accepted`` tokens. ``new_tokens``: this prompt's tokens less the previous
     turn's prompt (the recorded reply to it and the messages after), what a server that keeps
     the previous prompt must read at least; None for the first turn."""
 
