@@ -49,11 +49,14 @@ class CostCurve:
     ``context`` tokens in the KV cache. ``deep`` is the same with ``deep_context`` tokens: every
     row attends to every cached token, so behind a longer text a batch costs more, relative to a
     single token too (docs/results.md, "Tuning the planner by replaying recorded answers").
-    Each cached token adds a + b * n milliseconds to a decode of n rows (the decode reads its
-    keys and values once, each row computes its own attention over them): a and b are fitted,
-    not negative, over every size measured deep (``growth``), so that one size's noise, a
-    reading within a few milliseconds of its shallow one, does not make that size cheaper
-    behind a long text than behind a short one, many times over at thousands of tokens.
+    Between the two, the milliseconds of a decode of n rows follow the length of the text
+    linearly. Beyond the deeper one each cached token adds at least a + b * n milliseconds (the
+    decode reads its keys and values once, each row computes its own attention over them), a
+    and b fitted, not negative, over the sizes measured deep (``growth``): a size whose own two
+    readings rose less, within a few milliseconds' noise, would otherwise stay nearly flat (or
+    fall) many times over at thousands of tokens. (On a GPU one row and several take other
+    kernels, and several rows grow with the text where one barely does: there each size's own
+    line is the steeper.)
 
     On a GPU the costs are those of a decode after decodes of its own row count (replayed as a
     captured graph), and ``switch`` is what a decode of another row count costs more, in
@@ -81,8 +84,12 @@ class CostCurve:
         shallow = _at(self.relative, n) * self.ms_per_token
         if self.deep is None or length is None:
             return shallow
+        deep = _at(self.deep, n) * self.deep_ms_per_token
+        slope = (deep - shallow) / (self.deep_context - self.context)  # this size's own, measured
+        if length <= self.deep_context:
+            return max(shallow + slope * (max(length, 0) - self.context), shallow / 2)
         a, b = self._growth
-        return max(shallow + (a + b * n) * (max(length, 0) - self.context), shallow / 2)
+        return deep + max(slope, a + b * n) * (length - self.deep_context)
 
     def __post_init__(self) -> None:
         self._growth = self.growth()
