@@ -85,7 +85,7 @@ class CostCurve:
         if self.deep is None or length is None:
             return shallow
         deep = _at(self.deep, n) * self.deep_ms_per_token
-        slope = (deep - shallow) / (self.deep_context - self.context)  # this size's own, measured
+        slope = self._own_slope(n)
         if length <= self.deep_context:
             return max(shallow + slope * (max(length, 0) - self.context), shallow / 2)
         a, b = self._growth
@@ -94,6 +94,12 @@ class CostCurve:
     def __post_init__(self) -> None:
         self._growth = self.growth()
 
+    def _own_slope(self, n: int) -> float:
+        """Milliseconds a cached token added to a decode of n rows between the two measurements."""
+        assert self.deep is not None
+        return (_at(self.deep, n) * self.deep_ms_per_token - _at(self.relative, n) * self.ms_per_token) / \
+            (self.deep_context - self.context)
+
     def growth(self) -> Tuple[float, float]:
         """(a, b): a decode of n rows takes a + b * n milliseconds more for each cached token, the
         least-squares line through what the sizes of DEEP_SIZES took more behind ``deep_context``
@@ -101,8 +107,7 @@ class CostCurve:
         if self.deep is None or self.deep_context <= self.context:
             return 0.0, 0.0
         n = np.array(DEEP_SIZES, dtype=float)
-        extra = np.array([_at(self.deep, k) * self.deep_ms_per_token - _at(self.relative, k) * self.ms_per_token
-                          for k in DEEP_SIZES]) / (self.deep_context - self.context)
+        extra = np.array([self._own_slope(k) for k in DEEP_SIZES])
         b, a = np.polyfit(n, extra, 1)
         if a < 0:
             a, b = 0.0, float(n @ extra / (n @ n))

@@ -61,9 +61,10 @@ def test_verify_costs_follow_the_observations_every_refresh():
 
 
 def test_costs_follow_the_length_of_the_text():
-    """Measured behind 256 and 1024 cached tokens: each cached token adds a + b * n milliseconds
-    to a decode of n rows (fitted over the sizes measured deep), between the two and beyond, so
-    a batch of 16 costs more single-token decodes behind a long text."""
+    """Measured behind 256 and 1024 cached tokens: between the two each size follows its own
+    readings, beyond them at least the line a + b * n ms a cached token fitted over the sizes
+    (here the sizes grew exactly so), so a batch of 16 costs more single-token decodes behind a
+    long text."""
     shallow = [1.0] * 15 + [3.8] * 17  # one token 60 ms
     deep_ms = [60.0 * shallow[n - 1] + 768 * (0.002 + 0.004 * n) for n in range(1, 33)]
     curve = CostCurve(shallow, 60.0, 2, "cpu", 256, [ms / deep_ms[0] for ms in deep_ms], deep_ms[0], 1024)
